@@ -1,0 +1,70 @@
+# resnorm-lm: `make help` lists the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+TORCH_PIN := torch==2.13.0
+
+RECIPE ?= prenorm-12l
+PROFILE ?= auto
+SEED ?= 1
+RESUME ?=
+ARGS ?=
+DATA ?= shakespeare
+RUNS ?=
+RECIPES ?=
+SEEDS ?= 1
+
+.PHONY: help install test test-full lint format train data eval compare bench bench-kernels notebooks clean
+
+help: ## Show this help
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --disable-pip-version-check -q -c constraints.txt $(TORCH_PIN) -e ".[dev,triton]"
+	@touch $(STAMP)
+
+install: $(STAMP) ## Create .venv with the pinned dependencies (quick no-op when up to date)
+
+test: $(STAMP) ## Fast test suite (CPU, no network; installs first when needed)
+	$(PY) -m pytest -q -m "not slow"
+
+test-full: $(STAMP) ## Every test, the slow ones included
+	$(PY) -m pytest -q
+
+lint: $(STAMP) ## ruff check and format check
+	$(VENV)/bin/ruff check resnorm_lm tests
+	$(VENV)/bin/ruff format --check resnorm_lm tests
+
+format: $(STAMP) ## Apply ruff's fixes and formatting
+	$(VENV)/bin/ruff check --fix resnorm_lm tests
+	$(VENV)/bin/ruff format resnorm_lm tests
+
+train: $(STAMP) ## Train RECIPE=<name> [PROFILE=auto|cpu|gpu|smoke] [RESUME=last|<ckpt>] [SEED=k] [ARGS="..."]
+	@echo "make train: not yet: training lands with issue 4 (LightningModule, recipes, profiles)"; exit 2
+
+data: $(STAMP) ## Prepare DATA=<corpus> (download, tokenizer, token bins) and print its manifest
+	@echo "make data: not yet: data preparation lands with issue 3"; exit 2
+
+eval: $(STAMP) ## Perplexity table for RUNS="<run dirs or ckpts>"
+	@echo "make eval: not yet: evaluation lands with issue 6"; exit 2
+
+compare: $(STAMP) ## Train what is missing of RECIPES="..." [SEEDS=...], evaluate, write tables and plots
+	@echo "make compare: not yet: comparison sweeps land with issue 6"; exit 2
+
+bench: $(STAMP) ## Training-loop and norm benchmarks on this machine
+	@echo "make bench: not yet: benchmarks land with issue 8"; exit 2
+
+bench-kernels: $(STAMP) ## Fused Triton kernel benchmark (needs a CUDA GPU)
+	@echo "make bench-kernels: not yet: the Triton kernels land with issue 5"; exit 2
+
+notebooks: $(STAMP) ## Execute the notebooks
+	@echo "make notebooks: not yet: notebooks land with issue 6"; exit 2
+
+clean: ## Remove caches and build outputs (keeps .venv, runs/ and the data cache)
+	rm -rf .pytest_cache .ruff_cache .hypothesis build dist *.egg-info
+	find . -name __pycache__ -not -path "./$(VENV)/*" -prune -exec rm -rf {} +

@@ -1,0 +1,17 @@
+"""Test set-up: CPU only, deterministic, the Triton interpreter on before any kernel import."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the import of any Triton kernel module
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach the network
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _seed_and_threads():
+    torch.manual_seed(0)
+    yield

@@ -1,0 +1,140 @@
+"""The GPT: shapes, causality, loss at init, gradient reach, every (norm x placement) pair."""
+
+import math
+
+import pytest
+import torch
+
+from resnorm_lm.model import GPT, GPTConfig, count_parameters, initial_loss
+from resnorm_lm.norms import NORMS
+from resnorm_lm.placements import PLACEMENTS
+
+TINY = dict(vocab_size=97, block_size=16, n_layer=3, n_head=2, n_embd=32)
+
+
+def tiny(**overrides):
+    return GPT(GPTConfig(**{**TINY, **overrides}))
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS.names())
+def test_output_shapes(placement):
+    model = tiny(placement=placement)
+    idx = torch.randint(0, 97, (3, 11))
+    logits, loss = model(idx)
+    assert logits.shape == (3, 11, 97) and loss is None
+    _, loss = model(idx, torch.randint(0, 97, (3, 11)))
+    assert loss.shape == ()
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS.names())
+def test_causality(placement):
+    """Changing token t never changes the logits before t."""
+    model = tiny(placement=placement, dropout=0.0).eval()
+    idx = torch.randint(0, 97, (2, 16))
+    t = 9
+    changed = idx.clone()
+    changed[:, t] = (idx[:, t] + 1) % 97
+    with torch.no_grad():
+        a, _ = model(idx)
+        b, _ = model(changed)
+    torch.testing.assert_close(a[:, :t], b[:, :t], rtol=0, atol=0)
+    assert (a[:, t] - b[:, t]).abs().max() > 0  # and it does change position t itself
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS.names())
+def test_loss_near_log_vocab_at_init(placement):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=512, block_size=32, n_layer=4, n_head=4, n_embd=64, placement=placement))
+    _, loss = model(torch.randint(0, 512, (8, 32)), torch.randint(0, 512, (8, 32)))
+    assert loss.item() == pytest.approx(initial_loss(512), abs=0.1)
+    assert initial_loss(512) == pytest.approx(math.log(512))
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS.names())
+def test_gradients_reach_every_parameter(placement):
+    model = tiny(placement=placement)
+    if placement == "rezero":  # a zero gate blocks the gradient into its sublayer; open the gates
+        with torch.no_grad():
+            for block in model.blocks:
+                block.placement.gates.fill_(0.1)
+    _, loss = model(torch.randint(0, 97, (2, 16)), torch.randint(0, 97, (2, 16)))
+    loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None, f"{name} got no gradient"
+        assert p.grad.abs().sum() > 0, f"{name} got a zero gradient"
+
+
+def test_rezero_gates_get_gradient_at_init():
+    model = tiny(placement="rezero")
+    _, loss = model(torch.randint(0, 97, (2, 16)), torch.randint(0, 97, (2, 16)))
+    loss.backward()
+    assert all(block.placement.gates.grad.abs().min() > 0 for block in model.blocks)
+
+
+@pytest.mark.parametrize("norm", NORMS.names())
+@pytest.mark.parametrize("placement", PLACEMENTS.names())
+def test_every_norm_and_placement_pair_trains_a_step(norm, placement):
+    torch.manual_seed(0)
+    model = tiny(norm=norm, placement=placement, dropout=0.1)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    idx, tgt = torch.randint(0, 97, (4, 16)), torch.randint(0, 97, (4, 16))
+    before = [p.detach().clone() for p in model.parameters()]
+    for _ in range(2):
+        _, loss = model(idx, tgt)
+        assert torch.isfinite(loss), f"{placement}/{norm}: loss {loss.item()}"
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_bf16_autocast_forward_backward():
+    model = tiny(placement="prenorm")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, loss = model(torch.randint(0, 97, (2, 16)), torch.randint(0, 97, (2, 16)))
+    loss.backward()
+    assert torch.isfinite(loss) and loss.dtype == torch.float32
+
+
+def test_tied_embeddings_and_parameter_count():
+    model = GPT(GPTConfig(vocab_size=100, block_size=8, n_layer=2, n_head=2, n_embd=16))
+    assert model.lm_head.weight is model.wte.weight
+    C, V, T, L = 16, 100, 8, 2
+    per_block = (C * 3 * C + 3 * C) + (C * C + C) + (C * 4 * C + 4 * C) + (4 * C * C + C) + 2 * 2 * C
+    total = V * C + T * C + L * per_block + 2 * C  # final LayerNorm of prenorm
+    assert count_parameters(model) == total
+    assert model.num_parameters() == total - T * C
+    assert model.num_parameters(non_embedding=False) == total
+
+
+def test_init_follows_gpt2():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=1000, block_size=64, n_layer=12, n_head=4, n_embd=256))
+    assert model.wte.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    assert model.blocks[0].mlp.c_fc.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    assert model.blocks[0].mlp.c_proj.weight.std().item() == pytest.approx(0.02 / math.sqrt(24), rel=0.05)
+    assert torch.all(model.blocks[0].mlp.c_fc.bias == 0)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(n_embd=30, n_head=4), r"n_embd \(30\) must be divisible by n_head \(4\)"),
+        (dict(block_size=0), "block_size must be a positive integer"),
+        (dict(n_layer=-1), "n_layer must be a positive integer"),
+        (dict(vocab_size=2.5), "vocab_size must be a positive integer"),
+        (dict(dropout=1.0), r"dropout must be in \[0, 1\)"),
+        (dict(norm_eps=0), "norm_eps must be > 0"),
+        (dict(norm="group"), "unknown norm 'group'; valid norms: dyt, layernorm"),
+        (dict(norm_backend="triton"), "norm_backend 'triton'"),
+    ],
+)
+def test_bad_config_gives_a_clear_error(overrides, message):
+    with pytest.raises((ValueError, NotImplementedError), match=message):
+        GPTConfig(**{**TINY, **overrides})
+
+
+def test_sequence_longer_than_block_size_is_rejected():
+    with pytest.raises(ValueError, match="sequence length 17 exceeds block_size 16"):
+        tiny()(torch.zeros(1, 17, dtype=torch.long))

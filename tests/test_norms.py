@@ -1,0 +1,204 @@
+"""Norms: the worked examples, parity with plain references, the Add & Norm primitive, the registry."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from resnorm_lm.norms import NORM_BACKENDS, NORMS, DynamicTanh, LayerNorm, NoNorm, RMSNorm, ScaleNorm, build_norm
+from tests import reference_norms as ref
+
+# ---------------------------------------------------------------- worked examples (REFERENCES.md)
+
+
+def test_worked_example_large_values():
+    x = torch.tensor([[1000.0, 1500.0, 2000.0, 2500.0, 3000.0]])
+    assert x.mean().item() == pytest.approx(2000.0)
+    assert x.std(unbiased=False).item() == pytest.approx(707.1, abs=0.05)
+    y = LayerNorm(5)(x)
+    torch.testing.assert_close(y, torch.tensor([[-1.4142, -0.7071, 0.0, 0.7071, 1.4142]]), atol=1e-4, rtol=0)
+
+
+def test_worked_example_small_values_with_affine():
+    x = torch.tensor([[0.8, -1.2, 0.5, 2.1, -0.3]])
+    assert x.mean().item() == pytest.approx(0.38, abs=1e-6)
+    assert x.var(unbiased=False).item() == pytest.approx(1.2216, abs=1e-4)
+    assert x.std(unbiased=False).item() == pytest.approx(1.1053, abs=1e-4)
+    norm = LayerNorm(5)
+    torch.testing.assert_close(norm(x), torch.tensor([[0.380, -1.430, 0.109, 1.556, -0.615]]), atol=1e-3, rtol=0)
+    with torch.no_grad():
+        norm.weight.fill_(1.5)
+        norm.bias.fill_(0.1)
+    torch.testing.assert_close(norm(x), torch.tensor([[0.670, -2.044, 0.263, 2.434, -0.823]]), atol=1e-3, rtol=0)
+
+
+def test_tutorial_std_of_1_18_is_neither_standard_deviation():
+    """A tutorial quotes std 1.18 and [0.36, -1.34, 0.10, 1.46, -0.58] for this x.
+
+    1.18 is neither the population std (1.105, what LayerNorm uses) nor the
+    sample std (1.2357), so the normalized values built on it are wrong too.
+    """
+    x = torch.tensor([0.8, -1.2, 0.5, 2.1, -0.3], dtype=torch.float64)
+    population, sample = x.std(unbiased=False).item(), x.std(unbiased=True).item()
+    assert population == pytest.approx(1.1053, abs=1e-4)
+    assert sample == pytest.approx(1.2357, abs=1e-4)
+    assert abs(1.18 - population) > 0.05 and abs(1.18 - sample) > 0.05
+    tutorial = torch.tensor([0.36, -1.34, 0.10, 1.46, -0.58], dtype=torch.float64)
+    assert ((x - x.mean()) / 1.18 - tutorial).abs().max() < 0.01  # the tutorial did divide by 1.18
+    ours = LayerNorm(5).double()(x[None])[0]
+    assert (ours - tutorial).abs().max() > 0.05  # and so it differs from the correct LayerNorm
+
+
+def test_layernorm_output_is_standardized_not_squashed_to_unit_interval():
+    x = torch.randn(64, 256) * 30 + 7
+    y = LayerNorm(256)(x)
+    torch.testing.assert_close(y.mean(-1), torch.zeros(64), atol=1e-5, rtol=0)
+    torch.testing.assert_close(y.var(-1, unbiased=False), torch.ones(64), atol=1e-3, rtol=0)
+    assert y.min() < -1 and y.max() > 1
+
+
+def test_eps_sits_inside_the_square_root():
+    x = torch.tensor([[0.0, 0.02]])  # var = 1e-4
+    eps = 1e-2
+    y = LayerNorm(2, eps=eps)(x)
+    assert y[0, 1].item() == pytest.approx(0.01 / math.sqrt(1e-4 + eps), rel=1e-5)
+    assert y[0, 1].item() != pytest.approx(0.01 / (0.01 + eps), rel=1e-3)  # the (std + eps) form
+
+
+# ---------------------------------------------------------------- parity with plain references
+
+
+def reference(norm, x):
+    """The plain-formula output of ``norm`` (fp64) with the module's own parameters."""
+    if isinstance(norm, LayerNorm):
+        return ref.layernorm(x, norm.weight, norm.bias, norm.eps)
+    if isinstance(norm, RMSNorm):
+        return ref.rmsnorm(x, norm.weight, norm.eps)
+    if isinstance(norm, ScaleNorm):
+        return ref.scalenorm(x, norm.gain, norm.eps)
+    if isinstance(norm, DynamicTanh):
+        return ref.dyt(x, norm.alpha, norm.weight, norm.bias)
+    if isinstance(norm, NoNorm):
+        return x.double()
+    raise AssertionError(f"no reference for {type(norm).__name__}")
+
+
+def randomize_parameters(norm):
+    with torch.no_grad():
+        for p in norm.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+
+
+def relative_error(a, b, floor=1e-30):
+    """||a - b|| / max(||b||, floor)."""
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(floor)).item()
+
+
+TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
+SHAPES = [(3, 7, 1000), (5, 64), (1, 1, 33), (13, 96)]
+
+
+def fp64_twin(norm, name, dim, bias):
+    """A fp64 copy of ``norm`` with the same parameter values, for the reference side."""
+    twin = build_norm(name, dim, bias=bias).double()
+    twin.load_state_dict({k: v.double() for k, v in norm.state_dict().items()})
+    return twin
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("name", NORMS.names())
+def test_norm_forward_matches_reference(name, shape, bias, dtype):
+    norm = build_norm(name, shape[-1], bias=bias)
+    randomize_parameters(norm)
+    twin = fp64_twin(norm, name, shape[-1], bias)
+    x = (torch.randn(shape) * 2 + 0.5).to(dtype)
+    y = norm.to(dtype)(x)
+    assert y.dtype == dtype and y.shape == x.shape
+    err = relative_error(y, reference(twin, x.double()))
+    assert err < TOLERANCE[dtype], f"{name}: relative error {err:.2e} ({dtype})"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("name", NORMS.names())
+def test_norm_gradients_match_reference(name, shape, dtype):
+    norm = build_norm(name, shape[-1], bias=True)
+    randomize_parameters(norm)
+    norm64 = fp64_twin(norm, name, shape[-1], True)
+    norm = norm.to(dtype)
+    x64 = torch.randn(shape, dtype=torch.float64) * 2 + 0.5
+    dy64 = torch.randn(shape, dtype=torch.float64)
+    x = x64.to(dtype).requires_grad_()
+    x64 = x.detach().double().requires_grad_()  # the same rounded input on both sides
+    got = torch.autograd.grad(norm(x), [x, *norm.parameters()], grad_outputs=dy64.to(dtype))
+    want = torch.autograd.grad(reference(norm64, x64), [x64, *norm64.parameters()], grad_outputs=dy64)
+    names = ["x"] + [n for n, _ in norm.named_parameters()]
+    for what, g, w in zip(names, got, want):
+        # floor 1: a parameter gradient sums random-sign terms and can cancel to near zero
+        err = relative_error(g, w, floor=1.0)
+        assert err < 4 * TOLERANCE[dtype], f"{name} d{what}: relative error {err:.2e} ({dtype})"
+
+
+@pytest.mark.parametrize("name", NORMS.names())
+def test_constant_rows_give_no_nan(name):
+    norm = build_norm(name, 64)
+    for value in (0.0, 3.0, -1e4):
+        x = torch.full((4, 64), value, requires_grad=True)
+        y = norm(x)
+        y.sum().backward()
+        assert torch.isfinite(y).all(), f"{name} on a constant row {value}"
+        assert torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize("name", NORMS.names())
+def test_add_norm_returns_normalized_sum_and_sum(name):
+    norm = build_norm(name, 48)
+    randomize_parameters(norm)
+    x, d = torch.randn(2, 5, 48), torch.randn(2, 5, 48)
+    y, s = norm.add_norm(x, d)
+    torch.testing.assert_close(s, x + d)
+    torch.testing.assert_close(y, norm(x + d))
+
+
+# ---------------------------------------------------------------- parameter semantics and registry
+
+
+def test_parameters_match_torch_semantics():
+    ln = build_norm("layernorm", 16)
+    torch_ln = torch.nn.LayerNorm(16)
+    torch.testing.assert_close(ln.weight, torch_ln.weight)
+    torch.testing.assert_close(ln.bias, torch_ln.bias)
+    x = torch.randn(3, 16)
+    torch.testing.assert_close(ln(x), torch_ln(x))
+    assert "bias" not in dict(build_norm("layernorm", 16, bias=False).named_parameters())
+    assert "bias" not in dict(build_norm("dyt", 16, bias=False).named_parameters())
+    torch.testing.assert_close(build_norm("rmsnorm", 16)(x), F.rms_norm(x, (16,), eps=1e-5))
+    assert build_norm("scalenorm", 16).gain.item() == pytest.approx(4.0)
+    assert build_norm("dyt", 16).alpha.item() == pytest.approx(0.5)
+    assert list(build_norm("none", 16).parameters()) == []
+
+
+def test_unknown_norm_lists_valid_names():
+    with pytest.raises(ValueError, match="unknown norm 'batchnorm'.*dyt, layernorm, none, rmsnorm, scalenorm"):
+        build_norm("batchnorm", 8)
+
+
+def test_unknown_backend_lists_valid_names():
+    with pytest.raises(ValueError, match="unknown norm backend 'cuda'.*torch, triton"):
+        build_norm("layernorm", 8, backend="cuda")
+
+
+def test_triton_backend_is_not_available_yet_with_a_clear_message():
+    with pytest.raises(NotImplementedError, match="norm_backend 'triton'.*use norm_backend: torch"):
+        build_norm("layernorm", 8, backend="triton")
+    assert "triton" in NORM_BACKENDS
+
+
+def test_bad_sizes_are_rejected():
+    with pytest.raises(ValueError, match="dimension must be >= 1"):
+        build_norm("layernorm", 0)
+    with pytest.raises(ValueError, match="eps must be > 0"):
+        build_norm("rmsnorm", 8, eps=0.0)
