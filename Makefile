@@ -48,7 +48,7 @@ train: $(STAMP) ## Train RECIPE=<name> [PROFILE=auto|cpu|gpu|smoke] [RESUME=last
 	@echo "make train: not yet: training lands with issue 4 (LightningModule, recipes, profiles)"; exit 2
 
 data: $(STAMP) ## Prepare DATA=<corpus> (download, tokenizer, token bins) and print its manifest
-	@echo "make data: not yet: data preparation lands with issue 3"; exit 2
+	$(PY) -m resnorm_lm.data prepare --corpus $(DATA) $(ARGS)
 
 eval: $(STAMP) ## Perplexity table for RUNS="<run dirs or ckpts>"
 	@echo "make eval: not yet: evaluation lands with issue 6"; exit 2

@@ -15,8 +15,9 @@ T = TypeVar("T")
 class Registry(Generic[T]):
     """A named collection of classes with an error that lists the valid names."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, plural: str | None = None) -> None:
         self.kind = kind  # what the entries are, for messages: "norm", "placement"
+        self.plural = plural or f"{kind}s"
         self._entries: dict[str, T] = {}
 
     def register(self, name: str) -> Callable[[T], T]:
@@ -32,7 +33,7 @@ class Registry(Generic[T]):
         try:
             return self._entries[name]
         except KeyError:
-            raise ValueError(f"unknown {self.kind} {name!r}; valid {self.kind}s: {', '.join(self.names())}") from None
+            raise ValueError(f"unknown {self.kind} {name!r}; valid {self.plural}: {', '.join(self.names())}") from None
 
     def names(self) -> list[str]:
         return sorted(self._entries)
