@@ -45,7 +45,8 @@ format: $(STAMP) ## Apply ruff's fixes and formatting
 	$(VENV)/bin/ruff format resnorm_lm tests
 
 train: $(STAMP) ## Train RECIPE=<name> [PROFILE=auto|cpu|gpu|smoke] [RESUME=last|<ckpt>] [SEED=k] [ARGS="..."]
-	@echo "make train: not yet: training lands with issue 4 (LightningModule, recipes, profiles)"; exit 2
+	$(PY) -m resnorm_lm fit --recipe $(RECIPE) --profile $(PROFILE) --seed_everything $(SEED) \
+		$(if $(RESUME),--ckpt_path $(RESUME)) $(ARGS)
 
 data: $(STAMP) ## Prepare DATA=<corpus> (download, tokenizer, token bins) and print its manifest
 	$(PY) -m resnorm_lm.data prepare --corpus $(DATA) $(ARGS)

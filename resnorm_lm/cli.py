@@ -1,13 +1,201 @@
-"""The `resnorm-lm` command (LightningCLI lands with the training issue)."""
+"""The ``resnorm-lm`` command: LightningCLI (fit, validate, test) with recipes, profiles and run directories.
+
+    resnorm-lm fit --recipe prenorm-12l --profile auto [--seed_everything 1] [--ckpt_path last] [overrides]
+
+``--recipe`` and ``--profile`` are shorthands for ``--config recipes/profiles/<profile>.yaml
+--config recipes/<recipe>.yaml`` (profile first, recipe on top); everything else is LightningCLI.
+"""
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ThroughputMonitor
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.strategies import DDPStrategy
+
+from resnorm_lm.data.datamodule import TextDataModule
+from resnorm_lm.data.errors import DataError
+from resnorm_lm.lightning_module import LanguageModel
+from resnorm_lm.logging import ContinuedCSVLogger
+from resnorm_lm.recipes import expand_recipe_arguments
+from resnorm_lm.runs import RunConfig, RunManifest, StopAfterSteps, run_directory
+
+MIN_FREE_DISK_BYTES = 200 * 2**20  # refuse to start a run with less free space than this
+
+
+class UsageError(ValueError):
+    """A mistake in the command line or config that the user fixes; printed without a traceback."""
+
+
+def resolve_precision(precision: str | int | None, cuda: bool) -> str | int | None:
+    """What precision to run at: on CPU, 16-mixed becomes bf16-mixed (said aloud); 16-true is refused."""
+    text = str(precision)
+    if cuda or precision is None:
+        return precision
+    if text in ("16-true", "16", "half"):
+        raise UsageError(
+            "precision 16-true is refused on CPU: fp16 weights without a grad scaler give NaN losses here; "
+            "use --trainer.precision=bf16-mixed (default) or 32-true"
+        )
+    if text == "16-mixed":
+        print("resnorm-lm: precision 16-mixed needs a CUDA GPU; switching to bf16-mixed on CPU", file=sys.stderr)
+        return "bf16-mixed"
+    return precision
+
+
+def checkpoint_step(path: Path) -> int:
+    """The global step stored in a Lightning checkpoint (read lazily, without loading its tensors)."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as err:  # a truncated or foreign file
+        raise UsageError(f"cannot read checkpoint {path}: {err}; it is corrupt or not a checkpoint") from None
+    if not isinstance(ckpt, dict) or "global_step" not in ckpt:
+        raise UsageError(f"{path} is not a Lightning checkpoint (no global_step)")
+    return int(ckpt["global_step"])
+
+
+class ResnormCLI(LightningCLI):
+    """LightningCLI for ``LanguageModel`` x ``TextDataModule`` with resnorm-lm's run directories."""
+
+    def __init__(self, args: list[str] | None = None, run: bool = True) -> None:
+        super().__init__(
+            LanguageModel,
+            TextDataModule,
+            args=args,
+            run=run,
+            auto_configure_optimizers=False,
+            save_config_kwargs={"overwrite": True},
+            parser_kwargs={"description": "resnorm-lm: GPT LMs with swappable norms and residual placements"},
+        )
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_class_arguments(RunConfig, "run")
+        # vocabulary and context are data settings the model must agree with: typed once
+        parser.link_arguments("data.vocab_size", "model.arch.vocab_size")
+        parser.link_arguments("data.block_size", "model.arch.block_size")
+
+    # ------------------------------------------------------------------ before anything is built
+
+    def before_instantiate_classes(self) -> None:
+        cfg = self.config[self.subcommand] if self.subcommand else self.config
+        cuda = torch.cuda.is_available()
+        cfg.trainer.precision = resolve_precision(cfg.trainer.precision, cuda)
+        self.run_config = RunConfig(**vars(cfg.run))
+        self.run_dir = run_directory(self.run_config, cfg.seed_everything)
+        self.resume_step: int | None = None
+        if self.subcommand == "fit":
+            cfg.ckpt_path = self._resolve_resume(cfg.ckpt_path)
+
+    def after_instantiate_classes(self) -> None:
+        if self.subcommand == "fit":  # the config built: only now touch the disk
+            check_writable(self.run_dir)
+
+    def _resolve_resume(self, ckpt_path: str | None) -> str | None:
+        last = self.run_dir / "checkpoints" / "last.ckpt"
+        if ckpt_path == "last":
+            if not last.is_file():
+                raise UsageError(
+                    f"RESUME=last: there is no run to resume at {self.run_dir} (no checkpoints/last.ckpt); "
+                    "train it first without RESUME"
+                )
+            ckpt_path = str(last)
+        elif ckpt_path is None:
+            if last.is_file():
+                raise UsageError(
+                    f"{self.run_dir} already holds a run (checkpoints/last.ckpt); continue it with RESUME=last "
+                    f"(--ckpt_path last), or choose another SEED, or remove {self.run_dir}"
+                )
+            return None
+        elif not Path(ckpt_path).is_file():
+            raise UsageError(f"checkpoint {ckpt_path} does not exist")
+        self.resume_step = checkpoint_step(Path(ckpt_path))
+        return ckpt_path
+
+    # ------------------------------------------------------------------ the trainer
+
+    def instantiate_trainer(self, **kwargs):
+        trainer_cfg = self._get(self.config_init, "trainer", default={})
+        callbacks = list(trainer_cfg.get("callbacks") or [])
+        run, ckpt_dir = self.run_config, self.run_dir / "checkpoints"
+        callbacks += [
+            ModelCheckpoint(
+                dirpath=ckpt_dir,
+                filename="step{step:06d}",
+                every_n_train_steps=run.checkpoint_every,
+                save_top_k=0,
+                save_last=True,
+                auto_insert_metric_name=False,
+            ),  # fmt: skip
+            ModelCheckpoint(
+                dirpath=ckpt_dir,
+                filename="best",
+                monitor="val/loss",
+                mode="min",
+                save_top_k=1,
+                auto_insert_metric_name=False,
+                enable_version_counter=False,
+            ),  # fmt: skip
+            LearningRateMonitor(logging_interval="step"),
+            ThroughputMonitor(batch_size_fn=lambda batch: batch[0].size(0), length_fn=lambda batch: batch[0].numel()),
+        ]
+        if self.subcommand == "fit":
+            callbacks.append(RunManifest(self.run_dir, run, self._get(self.config, "seed_everything")))
+            if run.stop_after_steps is not None:
+                callbacks.append(StopAfterSteps(run.stop_after_steps))
+        kwargs.update(
+            callbacks=callbacks,
+            logger=ContinuedCSVLogger(self.run_dir, resume_step=self.resume_step),
+            default_root_dir=str(self.run_dir),
+        )
+        strategy = trainer_cfg.get("strategy")
+        if strategy == "ddp":  # the string gives the default 30-minute timeout: a dead rank would hang the job
+            kwargs["strategy"] = DDPStrategy(timeout=timedelta(seconds=run.dist_timeout_s))
+        return super().instantiate_trainer(**kwargs)
+
+    # ------------------------------------------------------------------ after training
+
+    def after_fit(self) -> None:
+        from resnorm_lm.summary import finish_run
+
+        finish_run(self.trainer, self.model, self.datamodule, self.run_config, self.run_dir)
+
+
+def check_writable(run_dir: Path) -> None:
+    """Fail before training when the run directory cannot be written or the disk is (nearly) full."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write-probe"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as err:
+        raise UsageError(f"cannot write the run directory {run_dir}: {err}; choose --run.root elsewhere") from None
+    free = shutil.disk_usage(run_dir).free
+    if free < MIN_FREE_DISK_BYTES:
+        raise UsageError(
+            f"only {free / 2**20:.0f} MiB free on the disk of {run_dir}; a run needs at least "
+            f"{MIN_FREE_DISK_BYTES / 2**20:.0f} MiB for checkpoints: free space or choose --run.root elsewhere"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
-    print("resnorm-lm: the training CLI (fit, validate, test) is not implemented yet", file=sys.stderr)
-    return 2
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = expand_recipe_arguments(args)
+        if argv is None:
+            sys.argv[1:] = args  # DDP relaunches sys.argv: the children get the resolved configs too
+        ResnormCLI(args=None if argv is None else args)
+    except (ValueError, NotImplementedError, DataError) as err:  # config, recipe, data and checkpoint errors
+        if os.environ.get("RESNORM_LM_DEBUG"):
+            raise
+        print(f"resnorm-lm: error: {err}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":

@@ -140,6 +140,9 @@ class TextDataModule(L.LightningDataModule):
             "num_workers": self.num_workers,
             "pin_memory": torch.cuda.is_available(),
             "persistent_workers": self.num_workers > 0,
+            # a loader's own generator: creating an iterator must not draw from the global torch RNG,
+            # or a resumed run (which creates its iterator after restoring RNG states) drifts from dropout on
+            "generator": torch.Generator().manual_seed(self.seed),
         }
 
     def train_dataloader(self) -> DataLoader:

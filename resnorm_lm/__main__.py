@@ -1,0 +1,5 @@
+import sys
+
+from resnorm_lm.cli import main
+
+sys.exit(main())

@@ -1,0 +1,217 @@
+"""``LanguageModel``: the GPT as a LightningModule (loss, optimizer, metrics, resumable state)."""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import asdict
+
+import lightning as L
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torchmetrics import SumMetric
+
+from resnorm_lm.diagnostics import per_layer_grad_norms
+from resnorm_lm.model import GPT, GPTConfig
+from resnorm_lm.optim import OptimConfig, build_optimizer
+
+IGNORE_INDEX = -100  # padded targets of the last evaluation window
+
+
+class EvalTotals(torch.nn.Module):
+    """Summed negative log-likelihood (nats) and target count of one split, synced across ranks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.nll = SumMetric()
+        self.targets = SumMetric()
+
+    def update(self, nll_sum: torch.Tensor, n_targets: torch.Tensor) -> None:
+        self.nll.update(nll_sum)
+        self.targets.update(n_targets)
+
+    def compute(self) -> tuple[float, int]:
+        return float(self.nll.compute()), int(self.targets.compute())
+
+    def reset(self) -> None:
+        self.nll.reset()
+        self.targets.reset()
+
+
+def split_metrics(nll: float, targets: int, split_targets: int, split_bytes: int, split_words: int) -> dict[str, float]:
+    """Loss, token perplexity, bits per byte and word-level perplexity of a split.
+
+    bpb and word perplexity convert the mean loss per token with the split's
+    bytes (words) per target token, so they are exact when the whole split was
+    evaluated and an estimate on a subset (limit_val_batches).
+    """
+    loss = nll / max(targets, 1)
+    out = {"loss": loss, "ppl": math.exp(min(loss, 700.0))}
+    if split_bytes:
+        out["bpb"] = loss * split_targets / (math.log(2) * split_bytes)
+    if split_words:
+        out["word_ppl"] = math.exp(min(loss * split_targets / split_words, 700.0))
+    return out
+
+
+class LanguageModel(L.LightningModule):
+    """Cross-entropy training of a ``GPT`` with AdamW, warmup + cosine, and split metrics.
+
+    Args:
+        arch: the model architecture (norm, backend, placement, sizes).
+        optim: optimizer and learning-rate schedule.
+        log_grad_norms: log total and per-layer gradient norms every ``log_every_n_steps``.
+    """
+
+    def __init__(
+        self,
+        arch: GPTConfig = GPTConfig(),  # noqa: B008 (a frozen default: never mutated)
+        optim: OptimConfig = OptimConfig(),  # noqa: B008
+        log_grad_norms: bool = True,
+    ) -> None:
+        super().__init__()
+        self.arch = arch
+        self.optim = optim
+        self.log_grad_norms = log_grad_norms
+        self.save_hyperparameters({"arch": asdict(self.arch), "optim": asdict(self.optim)})
+        self.model = GPT(self.arch)
+        self.val_totals = EvalTotals()
+        self.test_totals = EvalTotals()
+
+    # ------------------------------------------------------------------ training
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        logits, _ = self.model(idx)  # (B, T, V)
+        return logits
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch  # (B, T) each
+        _, loss = self.model(x, y)
+        self.log("train/loss", loss, on_step=True, prog_bar=True)
+        return loss
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Gradient norms before clipping: total, and per block (the Xiong et al. signal)."""
+        trainer = self.trainer
+        if not self.log_grad_norms or trainer.global_step % max(trainer.log_every_n_steps, 1) != 0:
+            return
+        per_layer = per_layer_grad_norms(self.model)
+        grads = [p.grad.detach().float().norm() for p in self.parameters() if p.grad is not None]
+        total = torch.stack(grads).norm().item() if grads else 0.0
+        metrics = {"grad_norm/total": total}
+        metrics.update({f"grad_norm/layer_{i:02d}": g for i, g in enumerate(per_layer)})
+        self.log_dict(metrics, on_step=True, on_epoch=False)
+
+    def configure_optimizers(self):
+        optimizer, schedule = build_optimizer(self.model, self.optim, self.trainer.max_steps)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    @property
+    def flops_per_batch(self) -> int | None:
+        """Training FLOPs of one batch, 6N + 12 L C T per token (PaLM, appendix B), for ThroughputMonitor."""
+        batch = getattr(self.trainer.datamodule, "batch_size", None) if self._trainer else None
+        if batch is None:
+            return None
+        a = self.arch
+        per_token = 6 * self.model.num_parameters() + 12 * a.n_layer * a.n_embd * a.block_size
+        return per_token * batch * a.block_size
+
+    # ------------------------------------------------------------------ evaluation
+
+    def _eval_step(self, batch: tuple[torch.Tensor, torch.Tensor], totals: EvalTotals) -> None:
+        x, y = batch  # (B, T) each; padded targets are IGNORE_INDEX
+        logits = self(x)  # (B, T, V)
+        nll = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+        totals.update(nll, (y != IGNORE_INDEX).sum())
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        self._eval_step(batch, self.val_totals)
+
+    def test_step(self, batch, batch_idx: int) -> None:
+        self._eval_step(batch, self.test_totals)
+
+    def _log_split(self, prefix: str, split: str, totals: EvalTotals) -> None:
+        nll, targets = totals.compute()
+        totals.reset()
+        dm = self.trainer.datamodule
+        split_targets = dm.eval_windows(split).n_targets if dm is not None else targets
+        split_bytes = dm.split_bytes(split) if dm is not None else 0
+        split_words = dm.split_words(split) if dm is not None else 0
+        metrics = split_metrics(nll, targets, split_targets, split_bytes, split_words)
+        metrics["targets"] = float(targets)
+        for key, value in metrics.items():  # already summed over ranks by torchmetrics: no further sync
+            self.log(f"{prefix}/{key}", value, prog_bar=key == "ppl", sync_dist=False)
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_split("val", "validation", self.val_totals)
+        if not self.trainer.sanity_checking:
+            self.last_validated_step = self.trainer.global_step
+
+    def on_fit_start(self) -> None:
+        self.fit_started_at = time.time()
+
+    def on_test_epoch_end(self) -> None:
+        self._log_split("test", "test", self.test_totals)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Add what Lightning does not save: RNG states, and the data identity for resume checks."""
+        checkpoint["rng_states"] = {
+            "python": random.getstate(),
+            "numpy": numpy_rng_state(),
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        }
+        dm = self.trainer.datamodule if self._trainer else None
+        manifest = getattr(dm, "manifest", None) if dm is not None else None
+        if manifest is not None:
+            checkpoint["data_identity"] = data_identity(manifest)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        saved = checkpoint.get("hyper_parameters", {}).get("arch")
+        if saved is None:
+            raise ValueError("not a resnorm-lm checkpoint: it has no 'arch' hyperparameters")
+        current = asdict(self.arch)
+        diff = {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v}
+        if diff:
+            details = ", ".join(f"{k}: checkpoint {a!r} vs config {b!r}" for k, (a, b) in sorted(diff.items()))
+            raise ValueError(
+                f"the checkpoint was trained with a different architecture ({details}); "
+                "resume with the recipe and profile it was trained with, or start a new run"
+            )
+        dm = self.trainer.datamodule if self._trainer else None
+        manifest = getattr(dm, "manifest", None) if dm is not None else None
+        if manifest is not None and "data_identity" in checkpoint:
+            now, then = data_identity(manifest), checkpoint["data_identity"]
+            if now != then:
+                raise ValueError(
+                    f"the checkpoint was trained on different data or tokenizer ({then} vs now {now}); "
+                    "resume with the same data settings, or start a new run"
+                )
+        states = checkpoint.get("rng_states")
+        if states is not None:
+            random.setstate(states["python"])
+            set_numpy_rng_state(states["numpy"])
+            torch.set_rng_state(states["torch"])
+            if states["cuda"] and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def numpy_rng_state() -> dict:
+    """numpy's global RNG state as tensors and ints, loadable with torch.load(weights_only=True)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+            "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}  # fmt: skip
+
+
+def set_numpy_rng_state(state: dict) -> None:
+    keys = state["keys"].numpy().astype(np.uint32)
+    np.random.set_state((state["name"], keys, state["pos"], state["has_gauss"], state["cached_gaussian"]))
+
+
+def data_identity(manifest) -> dict[str, str]:
+    """What must match between a checkpoint and the data it resumes on."""
+    return {"corpus_fingerprint": manifest.corpus_fingerprint, "tokenizer_sha256": manifest.tokenizer_sha256}

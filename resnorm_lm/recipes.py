@@ -1,0 +1,78 @@
+"""Named recipes and profiles: YAML files under recipes/, resolved to LightningCLI ``--config`` arguments."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+RECIPES_DIR = Path(os.environ.get("RESNORM_LM_RECIPES", Path(__file__).resolve().parents[1] / "recipes"))
+
+
+class RecipeError(ValueError):
+    """An unknown recipe or profile name."""
+
+
+def available_recipes(root: Path = RECIPES_DIR) -> list[str]:
+    return sorted(p.stem for p in root.glob("*.yaml"))
+
+
+def available_profiles(root: Path = RECIPES_DIR) -> list[str]:
+    return sorted(p.stem for p in (root / "profiles").glob("*.yaml"))
+
+
+def recipe_path(name: str, root: Path = RECIPES_DIR) -> Path:
+    path = root / f"{name}.yaml"
+    if not path.is_file():
+        raise RecipeError(f"unknown recipe {name!r}; available recipes: {', '.join(available_recipes(root))}")
+    return path
+
+
+def resolve_profile(name: str, root: Path = RECIPES_DIR) -> str:
+    """``auto`` picks ``gpu`` when CUDA is available and ``cpu`` otherwise, and says which."""
+    if name == "auto":
+        name = "gpu" if torch.cuda.is_available() else "cpu"
+        reason = "a CUDA GPU is available" if name == "gpu" else "no CUDA GPU"
+        print(f"resnorm-lm: PROFILE=auto picked '{name}' ({reason})", file=sys.stderr)
+    if not (root / "profiles" / f"{name}.yaml").is_file():
+        raise RecipeError(f"unknown profile {name!r}; available profiles: auto, {', '.join(available_profiles(root))}")
+    return name
+
+
+def _take_option(args: list[str], name: str) -> tuple[list[str], str | None]:
+    """Remove ``--name X`` or ``--name=X`` from args; return the rest and X."""
+    rest, value, i = [], None, 0
+    while i < len(args):
+        arg = args[i]
+        if arg == f"--{name}":
+            if i + 1 >= len(args):
+                raise RecipeError(f"--{name} needs a value")
+            value, i = args[i + 1], i + 2
+            continue
+        if arg.startswith(f"--{name}="):
+            value = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+        i += 1
+    return rest, value
+
+
+def expand_recipe_arguments(args: list[str], root: Path = RECIPES_DIR) -> list[str]:
+    """Turn ``--recipe R --profile P`` into ``--config profiles/P.yaml --config R.yaml`` plus run names.
+
+    The configs go right after the subcommand, so later command-line overrides win.
+    """
+    args, recipe = _take_option(args, "recipe")
+    args, profile = _take_option(args, "profile")
+    if recipe is None and profile is None:
+        return args
+    inserted = []
+    if profile is not None or recipe is not None:
+        profile = resolve_profile(profile or "auto", root)
+        inserted += ["--config", str(root / "profiles" / f"{profile}.yaml"), f"--run.profile={profile}"]
+    if recipe is not None:
+        inserted += ["--config", str(recipe_path(recipe, root)), f"--run.recipe={recipe}"]
+    at = next((i + 1 for i, a in enumerate(args) if not a.startswith("-")), 0)  # after the subcommand
+    return args[:at] + inserted + args[at:]

@@ -1,0 +1,151 @@
+"""Run directories: where a run lives, what it records (manifest, eval.json), and its RESULT line."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_only
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class RunConfig:
+    """Where the run lives and how often it saves. Set by `make train`; rarely by hand."""
+
+    recipe: str = "custom"  # recipe name: runs/<recipe>/...
+    profile: str = "custom"  # profile name: runs/<recipe>/<profile>-seed<k>
+    root: str = "runs"  # parent of all run directories
+    checkpoint_every: int = 100  # save checkpoints/last.ckpt every N optimizer steps (and at the end)
+    dist_timeout_s: int = 120  # collective-op timeout under DDP: a dead rank ends the job, not a hang
+    sample_tokens: int = 0  # after training, print a sample of this many tokens (0: none)
+    stop_after_steps: int | None = None  # stop at this step with the schedule of max_steps (split a run into jobs)
+
+
+def run_directory(run: RunConfig, seed: int | None) -> Path:
+    return Path(run.root) / run.recipe / f"{run.profile}-seed{seed if seed is not None else 'none'}"
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write JSON to a temp file in the same folder, then rename: readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=2, sort_keys=True, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def code_revision() -> str:
+    """The git commit of the code, with '+dirty' when the tree has uncommitted changes."""
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+                               capture_output=True, text=True, check=True)  # fmt: skip
+        return rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def package_versions() -> dict[str, str]:
+    names = ["torch", "lightning", "torchmetrics", "datasets", "tokenizers", "jsonargparse", "numpy", "triton"]
+    out = {"python": sys.version.split()[0]}
+    for name in names:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def hardware() -> dict[str, Any]:
+    info: dict[str, Any] = {"platform": platform.platform(), "cpu": platform.processor() or platform.machine()}
+    info["cpu_count"] = os.cpu_count()
+    if torch.cuda.is_available():
+        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return info
+
+
+class RunManifest(L.Callback):
+    """Writes ``manifest.json`` at the start of fitting: code, versions, hardware, data, seed, profile."""
+
+    def __init__(self, run_dir: Path, run: RunConfig, seed: int | None) -> None:
+        self.run_dir, self.run, self.seed = run_dir, run, seed
+
+    @rank_zero_only
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        manifest = getattr(trainer.datamodule, "manifest", None)
+        data = None
+        if manifest is not None:
+            data = {
+                "corpus": manifest.corpus,
+                "corpus_fingerprint": manifest.corpus_fingerprint,
+                "tokenizer_sha256": manifest.tokenizer_sha256,
+                "vocab_size": manifest.vocab_size,
+                "splits": {k: vars(v) for k, v in manifest.splits.items()},
+            }
+        write_json_atomic(
+            self.run_dir / "manifest.json",
+            {
+                "recipe": self.run.recipe,
+                "profile": self.run.profile,
+                "seed": self.seed,
+                "code_revision": code_revision(),
+                "packages": package_versions(),
+                "hardware": hardware(),
+                "precision": str(trainer.precision),
+                "world_size": trainer.world_size,
+                "data": data,
+                "parameters": sum(p.numel() for p in pl_module.parameters()),
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "resumed_from_step": trainer.global_step,
+            },
+        )
+
+
+class StopAfterSteps(L.Callback):
+    """Stops training at a step before max_steps, leaving the LR schedule (set by max_steps) unchanged.
+
+    The checkpoint callbacks run after this one (Lightning orders them last), so
+    a step that is a multiple of ``run.checkpoint_every`` is saved before stopping.
+    """
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if trainer.global_step >= self.step:
+            trainer.should_stop = True
+
+
+def tokens_seen(trainer: L.Trainer, batch_size: int, block_size: int) -> int:
+    """Training tokens consumed over all ranks: steps x accumulation x batch x context x ranks."""
+    return trainer.global_step * trainer.accumulate_grad_batches * batch_size * block_size * trainer.world_size
+
+
+def result_line(summary: dict[str, Any]) -> str:
+    """``RESULT key=value ...``: the one line every training run ends with."""
+    keys = ["run", "step", "val_loss", "val_ppl", "val_bpb", "val_word_ppl", "tokens", "params", "wall_s"]
+    parts = []
+    for key in keys:
+        if key in summary and summary[key] is not None:
+            value = summary[key]
+            parts.append(f"{key}={value:.4f}" if isinstance(value, float) else f"{key}={value}")
+    return "RESULT " + " ".join(parts)

@@ -1,0 +1,52 @@
+"""The end of a training run: final validation, ``eval.json`` and the ``RESULT`` line."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+
+from resnorm_lm.generate import sample_tokens
+from resnorm_lm.runs import RunConfig, result_line, tokens_seen, write_json_atomic
+
+
+def finish_run(trainer: L.Trainer, model, datamodule, run: RunConfig, run_dir: Path) -> dict:
+    """Validate the final weights (unless that step was just validated), then record and print the result."""
+    if getattr(model, "last_validated_step", None) != trainer.global_step:
+        trainer.validate(model, datamodule=datamodule, verbose=False)
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+    started = getattr(model, "fit_started_at", None)
+    summary = {
+        "run": str(run_dir),
+        "recipe": run.recipe,
+        "profile": run.profile,
+        "step": trainer.global_step,
+        "val_loss": metrics.get("val/loss"),
+        "val_ppl": metrics.get("val/ppl"),
+        "val_bpb": metrics.get("val/bpb"),
+        "val_word_ppl": metrics.get("val/word_ppl"),
+        "val_targets": int(metrics.get("val/targets", 0)),
+        "tokens": tokens_seen(trainer, datamodule.batch_size, datamodule.block_size),
+        "params": sum(p.numel() for p in model.parameters()),
+        "wall_s": round(time.time() - started, 1) if started else None,
+        "diverged": not math.isfinite(metrics.get("val/loss", float("nan"))),
+    }
+    if trainer.is_global_zero:
+        write_json_atomic(run_dir / "eval.json", summary)
+        print(result_line(summary), flush=True)
+        if run.sample_tokens > 0:
+            print_sample(model, datamodule, run.sample_tokens)
+    return summary
+
+
+def print_sample(model, datamodule, n_tokens: int, seed: int = 0) -> None:
+    """A sample from the trained model, starting at an end-of-text token."""
+    tokenizer = datamodule.prepared.tokenizer
+    eot = datamodule.manifest.eot_id
+    generator = torch.Generator(device=model.device).manual_seed(seed)
+    prompt = torch.tensor([eot], device=model.device)
+    ids = list(sample_tokens(model.model, prompt, n_tokens, generator=generator))
+    print("SAMPLE (temperature 0.8, top-k 50):\n" + tokenizer.decode(ids, skip_special_tokens=False), flush=True)
