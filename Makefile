@@ -37,12 +37,12 @@ test-full: $(STAMP) ## Every test, the slow ones included
 	$(PY) -m pytest -q
 
 lint: $(STAMP) ## ruff check and format check
-	$(VENV)/bin/ruff check resnorm_lm tests
-	$(VENV)/bin/ruff format --check resnorm_lm tests
+	$(VENV)/bin/ruff check resnorm_lm tests benchmarks
+	$(VENV)/bin/ruff format --check resnorm_lm tests benchmarks
 
 format: $(STAMP) ## Apply ruff's fixes and formatting
-	$(VENV)/bin/ruff check --fix resnorm_lm tests
-	$(VENV)/bin/ruff format resnorm_lm tests
+	$(VENV)/bin/ruff check --fix resnorm_lm tests benchmarks
+	$(VENV)/bin/ruff format resnorm_lm tests benchmarks
 
 train: $(STAMP) ## Train RECIPE=<name> [PROFILE=auto|cpu|gpu|smoke] [RESUME=last|<ckpt>] [SEED=k] [ARGS="..."]
 	$(PY) -m resnorm_lm fit --recipe $(RECIPE) --profile $(PROFILE) --seed_everything $(SEED) \
@@ -61,7 +61,7 @@ bench: $(STAMP) ## Training-loop and norm benchmarks on this machine
 	@echo "make bench: not yet: benchmarks land with issue 8"; exit 2
 
 bench-kernels: $(STAMP) ## Fused Triton kernel benchmark (needs a CUDA GPU)
-	@echo "make bench-kernels: not yet: the Triton kernels land with issue 5"; exit 2
+	$(PY) benchmarks/bench_kernels.py $(ARGS)
 
 notebooks: $(STAMP) ## Execute the notebooks
 	@echo "make notebooks: not yet: notebooks land with issue 6"; exit 2

@@ -8,7 +8,9 @@ kernel. Placements are written against this primitive only.
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -129,22 +131,41 @@ class TorchBackend(NormBackend):
         return NORMS.get(norm)
 
 
+class BackendUnavailableError(ValueError):
+    """A norm backend that cannot run on this machine, or a norm it does not implement."""
+
+
 @NORM_BACKENDS.register("triton")
 class TritonBackend(NormBackend):
-    """Fused Triton Add & Norm kernels (layernorm, rmsnorm)."""
+    """Fused Triton Add & Norm kernels (layernorm, rmsnorm): one pass over memory, forward and backward."""
 
     name = "triton"
+    norms = ("layernorm", "rmsnorm")
 
     @classmethod
     def check_available(cls) -> None:
-        raise NotImplementedError(
-            "norm_backend 'triton' (the fused Add & Norm kernels) is not implemented yet; use norm_backend: torch"
-        )
+        if importlib.util.find_spec("triton") is None:
+            raise BackendUnavailableError(
+                "norm_backend 'triton' needs the triton package: pip install 'resnorm-lm[triton]' "
+                "(make install includes it), or use norm_backend: torch"
+            )
+        if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+            raise BackendUnavailableError(
+                "norm_backend 'triton' needs a CUDA GPU (or TRITON_INTERPRET=1, set before start-up, to run the "
+                "kernels in Triton's CPU interpreter for testing); on this machine use norm_backend: torch"
+            )
 
     @classmethod
     def norm_class(cls, norm: str) -> type[Norm]:
+        if norm not in cls.norms:
+            raise BackendUnavailableError(
+                f"norm_backend 'triton' implements {' and '.join(cls.norms)}, not {norm!r}; "
+                f"use norm_backend: torch for {norm}"
+            )
         cls.check_available()
-        raise AssertionError("unreachable")
+        from resnorm_lm.norms_triton import TRITON_NORMS  # imports triton: only when chosen
+
+        return TRITON_NORMS[norm]
 
 
 def check_norm_choice(norm: str, backend: str) -> None:

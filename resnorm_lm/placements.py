@@ -104,7 +104,7 @@ class PostNorm(FinalOutputIsNormed, SublayerPlacement):
 
 
 @PLACEMENTS.register("prenorm")
-class PreNorm(SublayerPlacement):
+class PreNorm(Placement):
     """Pre-LN, as in GPT-2 (Xiong et al. 2020)::
 
         x = x + F(LN(x))
@@ -119,12 +119,15 @@ class PreNorm(SublayerPlacement):
         super().__init__(ctx)
         self.norms = nn.ModuleList([ctx.make_norm(), ctx.make_norm()])
 
-    def step(self, x: torch.Tensor, f: Sublayer, i: int) -> torch.Tensor:
-        return x + f(self.norms[i](x))
+    def forward(self, x: torch.Tensor, sublayers: Sequence[Sublayer]) -> torch.Tensor:
+        attn, mlp = sublayers
+        a = attn(self.norms[0](x))
+        h, x = self.norms[1].add_norm(x, a)  # LN_1(x + a) and x + a: one fused pass on the triton backend
+        return x + mlp(h)
 
 
 @PLACEMENTS.register("sandwich")
-class Sandwich(SublayerPlacement):
+class Sandwich(Placement):
     """Sandwich / Peri-LN (CogView 2021; arXiv 2502.02732)::
 
         x = x + LN_out(F(LN_in(x)))
@@ -140,8 +143,11 @@ class Sandwich(SublayerPlacement):
         self.norms_in = nn.ModuleList([ctx.make_norm(), ctx.make_norm()])
         self.norms_out = nn.ModuleList([ctx.make_norm(), ctx.make_norm()])
 
-    def step(self, x: torch.Tensor, f: Sublayer, i: int) -> torch.Tensor:
-        return x + self.norms_out[i](f(self.norms_in[i](x)))
+    def forward(self, x: torch.Tensor, sublayers: Sequence[Sublayer]) -> torch.Tensor:
+        attn, mlp = sublayers
+        a = self.norms_out[0](attn(self.norms_in[0](x)))
+        h, x = self.norms_in[1].add_norm(x, a)  # the add and the next input norm, fused
+        return x + self.norms_out[1](mlp(h))
 
 
 @PLACEMENTS.register("deepnorm")
@@ -229,7 +235,7 @@ class MixLN(Placement):
 
 
 @PLACEMENTS.register("lns")
-class LayerNormScaling(SublayerPlacement):
+class LayerNormScaling(Placement):
     """LayerNorm Scaling (arXiv 2502.05795): pre-norm with the norm output scaled by depth::
 
         x = x + F(LN(x) / sqrt(l)),   l = 1-based block index
@@ -245,8 +251,11 @@ class LayerNormScaling(SublayerPlacement):
         self.norms = nn.ModuleList([ctx.make_norm(), ctx.make_norm()])
         self.scale = 1.0 / math.sqrt(ctx.layer + 1)
 
-    def step(self, x: torch.Tensor, f: Sublayer, i: int) -> torch.Tensor:
-        return x + f(self.norms[i](x) * self.scale)
+    def forward(self, x: torch.Tensor, sublayers: Sequence[Sublayer]) -> torch.Tensor:
+        attn, mlp = sublayers
+        a = attn(self.norms[0](x) * self.scale)
+        h, x = self.norms[1].add_norm(x, a)  # the add and the next input norm, fused
+        return x + mlp(h * self.scale)
 
     def init_sublayers(self, attn: nn.Module, mlp: nn.Module) -> None:
         pass  # plain std-0.02 init everywhere
