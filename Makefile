@@ -52,10 +52,11 @@ data: $(STAMP) ## Prepare DATA=<corpus> (download, tokenizer, token bins) and pr
 	$(PY) -m resnorm_lm.data prepare --corpus $(DATA) $(ARGS)
 
 eval: $(STAMP) ## Perplexity table for RUNS="<run dirs or ckpts>"
-	@echo "make eval: not yet: evaluation lands with issue 6"; exit 2
+	@test -n "$(RUNS)" || { echo 'make eval: give RUNS="runs/<recipe>/<profile>-seed<k> ..." (run directories or .ckpt files)'; exit 2; }
+	$(PY) -m resnorm_lm eval $(RUNS) $(ARGS)
 
 compare: $(STAMP) ## Train what is missing of RECIPES="..." [SEEDS=...], evaluate, write tables and plots
-	@echo "make compare: not yet: comparison sweeps land with issue 6"; exit 2
+	$(PY) -m resnorm_lm compare --profile $(PROFILE) --seeds $(SEEDS) $(if $(RECIPES),--recipes $(RECIPES)) $(ARGS)
 
 bench: $(STAMP) ## Training-loop and norm benchmarks on this machine
 	@echo "make bench: not yet: benchmarks land with issue 8"; exit 2

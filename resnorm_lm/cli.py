@@ -185,6 +185,11 @@ def check_writable(run_dir: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    tools = {"eval": "resnorm_lm.evaluate", "compare": "resnorm_lm.compare", "generate": "resnorm_lm.sample_cli"}
+    if args and args[0] in tools:  # subcommands beside LightningCLI's fit / validate / test
+        import importlib
+
+        return importlib.import_module(tools[args[0]]).main(args[1:])
     try:
         args = expand_recipe_arguments(args)
         if argv is None:

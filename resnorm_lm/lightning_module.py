@@ -77,6 +77,8 @@ class LanguageModel(L.LightningModule):
         self.log_grad_norms = log_grad_norms
         self.save_hyperparameters({"arch": asdict(self.arch), "optim": asdict(self.optim)})
         self.model = GPT(self.arch)
+        self.train_seconds_before = 0.0  # wall time of earlier segments of a resumed run
+        self.fit_started_at = time.time()
         self.val_totals = EvalTotals()
         self.test_totals = EvalTotals()
 
@@ -152,6 +154,14 @@ class LanguageModel(L.LightningModule):
     def on_fit_start(self) -> None:
         self.fit_started_at = time.time()
 
+    def train_seconds(self) -> float:
+        """Wall time spent in fit() so far, resumed segments added up."""
+        return self.train_seconds_before + (time.time() - self.fit_started_at)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        if self.trainer.global_step % max(self.trainer.log_every_n_steps, 1) == 0:
+            self.log("time/train_s", self.train_seconds(), on_step=True, on_epoch=False)
+
     def on_test_epoch_end(self) -> None:
         self._log_split("test", "test", self.test_totals)
 
@@ -159,6 +169,7 @@ class LanguageModel(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Add what Lightning does not save: RNG states, and the data identity for resume checks."""
+        checkpoint["train_seconds"] = self.train_seconds()
         checkpoint["rng_states"] = {
             "python": random.getstate(),
             "numpy": numpy_rng_state(),
@@ -191,6 +202,7 @@ class LanguageModel(L.LightningModule):
                     f"the checkpoint was trained on different data or tokenizer ({then} vs now {now}); "
                     "resume with the same data settings, or start a new run"
                 )
+        self.train_seconds_before = float(checkpoint.get("train_seconds", 0.0))
         states = checkpoint.get("rng_states")
         if states is not None:
             random.setstate(states["python"])

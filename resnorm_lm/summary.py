@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 from pathlib import Path
 
 import lightning as L
@@ -18,12 +17,12 @@ def finish_run(trainer: L.Trainer, model, datamodule, run: RunConfig, run_dir: P
     if getattr(model, "last_validated_step", None) != trainer.global_step:
         trainer.validate(model, datamodule=datamodule, verbose=False)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
-    started = getattr(model, "fit_started_at", None)
     summary = {
         "run": str(run_dir),
         "recipe": run.recipe,
         "profile": run.profile,
         "step": trainer.global_step,
+        "finished": trainer.global_step >= trainer.max_steps,
         "val_loss": metrics.get("val/loss"),
         "val_ppl": metrics.get("val/ppl"),
         "val_bpb": metrics.get("val/bpb"),
@@ -31,7 +30,7 @@ def finish_run(trainer: L.Trainer, model, datamodule, run: RunConfig, run_dir: P
         "val_targets": int(metrics.get("val/targets", 0)),
         "tokens": tokens_seen(trainer, datamodule.batch_size, datamodule.block_size),
         "params": sum(p.numel() for p in model.parameters()),
-        "wall_s": round(time.time() - started, 1) if started else None,
+        "wall_s": round(model.train_seconds(), 1),
         "diverged": not math.isfinite(metrics.get("val/loss", float("nan"))),
     }
     if trainer.is_global_zero:

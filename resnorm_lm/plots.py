@@ -1,0 +1,93 @@
+"""Plots of a comparison: loss curves (against steps and wall time) and per-layer gradient norms."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, float]]:
+    """metrics.csv rows as {column: float}, empty cells dropped."""
+    path = run_dir / "metrics.csv"
+    if not path.is_file():
+        return []
+    with path.open(newline="") as f:
+        return [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(f)]
+
+
+def series(rows: list[dict[str, float]], key: str) -> tuple[list[float], list[float]]:
+    points = sorted((r["step"], r[key]) for r in rows if key in r and "step" in r)
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def time_at(rows: list[dict[str, float]], steps: list[float]) -> list[float]:
+    """Training wall time at each step, interpolated from the logged time/train_s."""
+    known_steps, known_times = series(rows, "time/train_s")
+    if not known_steps:
+        return []
+    out = []
+    for step in steps:
+        i = next((j for j, s in enumerate(known_steps) if s >= step), len(known_steps) - 1)
+        if i == 0 or known_steps[i] == step:
+            out.append(known_times[i])
+        else:
+            s0, s1, t0, t1 = known_steps[i - 1], known_steps[i], known_times[i - 1], known_times[i]
+            out.append(t0 + (t1 - t0) * (step - s0) / max(s1 - s0, 1e-9))
+    return out
+
+
+def plot_loss_curves(runs: dict[str, list[Path]], out_dir: Path) -> Path:
+    fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(12, 4.5), dpi=90)
+    for i, (recipe, run_dirs) in enumerate(sorted(runs.items())):
+        color = plt.cm.tab20(i % 20)
+        for j, run_dir in enumerate(run_dirs):
+            rows = read_metrics(run_dir)
+            steps, losses = series(rows, "val/loss")
+            label = recipe if j == 0 else None
+            by_step.plot(steps, losses, marker="o", ms=3, color=color, label=label)
+            times = time_at(rows, steps)
+            if times:
+                by_time.plot(times, losses, marker="o", ms=3, color=color, label=label)
+    by_step.set(xlabel="optimizer step", ylabel="validation loss (nats/token)", title="validation loss by step")
+    by_time.set(xlabel="training wall time (s)", ylabel="validation loss (nats/token)", title="validation loss by time")
+    for ax in (by_step, by_time):
+        ax.grid(alpha=0.3)
+    by_step.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    path = out_dir / "loss_curves.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def layer_norms(row: dict[str, float]) -> list[float]:
+    keys = sorted(k for k in row if k.startswith("grad_norm/layer_"))
+    return [row[k] for k in keys]
+
+
+def plot_grad_norms(runs: dict[str, list[Path]], out_dir: Path) -> Path:
+    fig, (early, late) = plt.subplots(1, 2, figsize=(12, 4.5), dpi=90, sharey=True)
+    for i, (recipe, run_dirs) in enumerate(sorted(runs.items())):
+        rows = [r for r in read_metrics(run_dirs[0]) if any(k.startswith("grad_norm/layer_") for k in r)]
+        if not rows:
+            continue
+        color = plt.cm.tab20(i % 20)
+        first, last = rows[0], rows[-1]
+        early.plot(layer_norms(first), marker="o", ms=3, color=color, label=recipe)
+        late.plot(layer_norms(last), marker="o", ms=3, color=color, label=f"{recipe} (step {last['step']:.0f})")
+    early.set(title="per-layer gradient norm at step 0 (initialization)", xlabel="block", ylabel="||grad W||",
+              yscale="log")  # fmt: skip
+    late.set(title="per-layer gradient norm late in training", xlabel="block", yscale="log")
+    for ax in (early, late):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    path = out_dir / "grad_norms.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return path
