@@ -25,7 +25,7 @@ help: ## Show this help
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --disable-pip-version-check -q -c constraints.txt $(TORCH_PIN) -e ".[dev,triton]"
+	$(PY) -m pip install --disable-pip-version-check -q -c constraints.txt $(TORCH_PIN) -e ".[dev,triton,notebooks]"
 	@touch $(STAMP)
 
 install: $(STAMP) ## Create .venv with the pinned dependencies (quick no-op when up to date)
@@ -37,8 +37,8 @@ test-full: $(STAMP) ## Every test, the slow ones included
 	$(PY) -m pytest -q
 
 lint: $(STAMP) ## ruff check and format check
-	$(VENV)/bin/ruff check resnorm_lm tests benchmarks
-	$(VENV)/bin/ruff format --check resnorm_lm tests benchmarks
+	$(VENV)/bin/ruff check resnorm_lm tests benchmarks notebooks/run_notebooks.py
+	$(VENV)/bin/ruff format --check resnorm_lm tests benchmarks notebooks/run_notebooks.py
 
 format: $(STAMP) ## Apply ruff's fixes and formatting
 	$(VENV)/bin/ruff check --fix resnorm_lm tests benchmarks
@@ -65,7 +65,7 @@ bench-kernels: $(STAMP) ## Fused Triton kernel benchmark (needs a CUDA GPU)
 	$(PY) benchmarks/bench_kernels.py $(ARGS)
 
 notebooks: $(STAMP) ## Execute the notebooks
-	@echo "make notebooks: not yet: notebooks land with issue 6"; exit 2
+	$(PY) notebooks/run_notebooks.py $(ARGS)
 
 clean: ## Remove caches and build outputs (keeps .venv, runs/ and the data cache)
 	rm -rf .pytest_cache .ruff_cache .hypothesis build dist *.egg-info
