@@ -21,12 +21,15 @@ from lightning.pytorch.strategies import DDPStrategy
 
 from resnorm_lm.data.datamodule import TextDataModule
 from resnorm_lm.data.errors import DataError
+from resnorm_lm.faults import AtomicCheckpointIO, FinalCheckpoint, SaveOnSigterm, remove_stale_temp_files
 from resnorm_lm.lightning_module import LanguageModel
 from resnorm_lm.logging import ContinuedCSVLogger
 from resnorm_lm.recipes import expand_recipe_arguments
 from resnorm_lm.runs import RunConfig, RunManifest, StopAfterSteps, run_directory
 
 MIN_FREE_DISK_BYTES = 200 * 2**20  # refuse to start a run with less free space than this
+EXIT_DIVERGED = 3  # the run diverged: last.ckpt is the last good state
+EXIT_PREEMPTED = 143  # stopped by SIGTERM after saving last.ckpt (128 + 15, as a killed process)
 
 
 class UsageError(ValueError):
@@ -95,6 +98,8 @@ class ResnormCLI(LightningCLI):
     def after_instantiate_classes(self) -> None:
         if self.subcommand == "fit":  # the config built: only now touch the disk
             check_writable(self.run_dir)
+            for stale in remove_stale_temp_files(self.run_dir / "checkpoints"):
+                print(f"resnorm-lm: removed {stale.name}, a checkpoint write that was killed midway", file=sys.stderr)
 
     def _resolve_resume(self, ckpt_path: str | None) -> str | None:
         last = self.run_dir / "checkpoints" / "last.ckpt"
@@ -146,12 +151,15 @@ class ResnormCLI(LightningCLI):
         ]
         if self.subcommand == "fit":
             callbacks.append(RunManifest(self.run_dir, run, self._get(self.config, "seed_everything")))
+            self.sigterm = SaveOnSigterm(ckpt_dir / "last.ckpt")
+            callbacks += [self.sigterm, FinalCheckpoint(ckpt_dir / "last.ckpt", run.checkpoint_every)]
             if run.stop_after_steps is not None:
                 callbacks.append(StopAfterSteps(run.stop_after_steps))
         kwargs.update(
             callbacks=callbacks,
             logger=ContinuedCSVLogger(self.run_dir, resume_step=self.resume_step),
             default_root_dir=str(self.run_dir),
+            plugins=[AtomicCheckpointIO()],
         )
         strategy = trainer_cfg.get("strategy")
         if strategy == "ddp":  # the string gives the default 30-minute timeout: a dead rank would hang the job
@@ -163,7 +171,9 @@ class ResnormCLI(LightningCLI):
     def after_fit(self) -> None:
         from resnorm_lm.summary import finish_run
 
-        finish_run(self.trainer, self.model, self.datamodule, self.run_config, self.run_dir)
+        preempted = self.sigterm.saved_at_step is not None
+        summary = finish_run(self.trainer, self.model, self.datamodule, self.run_config, self.run_dir, preempted)
+        self.exit_code = EXIT_PREEMPTED if preempted else EXIT_DIVERGED if summary["diverged"] else 0
 
 
 def check_writable(run_dir: Path) -> None:
@@ -183,6 +193,18 @@ def check_writable(run_dir: Path) -> None:
         )
 
 
+def check_checkpoint_argument(args: list[str]) -> None:
+    """A --ckpt_path file is read by LightningCLI while parsing: give a clear error for a bad one first."""
+    for i, arg in enumerate(args):
+        value = arg.split("=", 1)[1] if arg.startswith("--ckpt_path=") else None
+        if arg == "--ckpt_path" and i + 1 < len(args):
+            value = args[i + 1]
+        if value not in (None, "last", "null", "None"):
+            if not Path(value).is_file():
+                raise UsageError(f"checkpoint {value} does not exist")
+            checkpoint_step(Path(value))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     tools = {"eval": "resnorm_lm.evaluate", "compare": "resnorm_lm.compare", "generate": "resnorm_lm.sample_cli"}
@@ -192,15 +214,16 @@ def main(argv: list[str] | None = None) -> int:
         return importlib.import_module(tools[args[0]]).main(args[1:])
     try:
         args = expand_recipe_arguments(args)
+        check_checkpoint_argument(args)
         if argv is None:
             sys.argv[1:] = args  # DDP relaunches sys.argv: the children get the resolved configs too
-        ResnormCLI(args=None if argv is None else args)
+        cli = ResnormCLI(args=None if argv is None else args)
     except (ValueError, NotImplementedError, DataError) as err:  # config, recipe, data and checkpoint errors
         if os.environ.get("RESNORM_LM_DEBUG"):
             raise
         print(f"resnorm-lm: error: {err}", file=sys.stderr)
         return 2
-    return 0
+    return getattr(cli, "exit_code", 0)
 
 
 if __name__ == "__main__":

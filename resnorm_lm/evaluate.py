@@ -15,6 +15,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_only
 
 from resnorm_lm.checkpoints import CheckpointError, LoadedRun, load_run
 from resnorm_lm.runs import write_json_atomic
@@ -102,7 +103,7 @@ def evaluate_paths(paths: list[str], splits: list[str], precision: str = "32-tru
         facts = training_facts(run)
         row = flatten(str(run.run_dir or run.checkpoint), facts, results)
         rows.append(row)
-        if run.run_dir is not None:
+        if run.run_dir is not None and rank_zero_only.rank == 0:
             summary_path = run.run_dir / "eval.json"
             summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
             summary["eval"] = {"checkpoint": str(run.checkpoint), "step": run.global_step, **results}
@@ -126,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     except CheckpointError as err:
         print(f"resnorm-lm eval: error: {err}", file=sys.stderr)
         return 2
+    if rank_zero_only.rank != 0:  # under --devices N the other ranks only helped count
+        return 0
     comparable = rows[0]["comparable"]
     if not comparable:
         print("note: these runs do not share one tokenizer, evaluation split and context; token-level perplexity "

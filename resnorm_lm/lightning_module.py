@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torchmetrics import SumMetric
 
 from resnorm_lm.diagnostics import per_layer_grad_norms
+from resnorm_lm.faults import DivergenceConfig, DivergenceGuard
 from resnorm_lm.model import GPT, GPTConfig
 from resnorm_lm.optim import OptimConfig, build_optimizer
 
@@ -63,6 +64,8 @@ class LanguageModel(L.LightningModule):
         arch: the model architecture (norm, backend, placement, sizes).
         optim: optimizer and learning-rate schedule.
         log_grad_norms: log total and per-layer gradient norms every ``log_every_n_steps``.
+        divergence: when a loss counts as diverged (NaN/Inf, or a factor above its running minimum)
+            and whether a bad step stops the run or is skipped.
     """
 
     def __init__(
@@ -70,10 +73,12 @@ class LanguageModel(L.LightningModule):
         arch: GPTConfig = GPTConfig(),  # noqa: B008 (a frozen default: never mutated)
         optim: OptimConfig = OptimConfig(),  # noqa: B008
         log_grad_norms: bool = True,
+        divergence: DivergenceConfig = DivergenceConfig(),  # noqa: B008
     ) -> None:
         super().__init__()
         self.arch = arch
         self.optim = optim
+        self.guard = DivergenceGuard(divergence)
         self.log_grad_norms = log_grad_norms
         self.save_hyperparameters({"arch": asdict(self.arch), "optim": asdict(self.optim)})
         self.model = GPT(self.arch)
@@ -88,11 +93,21 @@ class LanguageModel(L.LightningModule):
         logits, _ = self.model(idx)  # (B, T, V)
         return logits
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor | None:
         x, y = batch  # (B, T) each
         _, loss = self.model(x, y)
+        verdict = self.guard.judge(loss.item(), self.trainer.global_step)  # before backward: weights stay good
+        if verdict != "ok":
+            if verdict == "stop":
+                self.trainer.should_stop = True
+            return None  # Lightning skips backward and the optimizer step
         self.log("train/loss", loss, on_step=True, prog_bar=True)
         return loss
+
+    @property
+    def skipped_batches(self) -> int:
+        """Batches consumed without an optimizer step (skipped bad steps): the data position counts them."""
+        return self.guard.skipped
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Gradient norms before clipping: total, and per block (the Xiong et al. signal)."""
@@ -170,6 +185,7 @@ class LanguageModel(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Add what Lightning does not save: RNG states, and the data identity for resume checks."""
         checkpoint["train_seconds"] = self.train_seconds()
+        checkpoint["divergence_guard"] = self.guard.state_dict()
         checkpoint["rng_states"] = {
             "python": random.getstate(),
             "numpy": numpy_rng_state(),
@@ -203,6 +219,8 @@ class LanguageModel(L.LightningModule):
                     "resume with the same data settings, or start a new run"
                 )
         self.train_seconds_before = float(checkpoint.get("train_seconds", 0.0))
+        if "divergence_guard" in checkpoint:
+            self.guard.load_state_dict(checkpoint["divergence_guard"])
         states = checkpoint.get("rng_states")
         if states is not None:
             random.setstate(states["python"])

@@ -142,7 +142,7 @@ def tokens_seen(trainer: L.Trainer, batch_size: int, block_size: int) -> int:
 
 def result_line(summary: dict[str, Any]) -> str:
     """``RESULT key=value ...``: the one line every training run ends with."""
-    keys = ["run", "step", "val_loss", "val_ppl", "val_bpb", "val_word_ppl", "tokens", "params", "wall_s"]
+    keys = ["run", "step", "val_loss", "val_ppl", "val_bpb", "val_word_ppl", "tokens", "params", "wall_s", "diverged"]
     parts = []
     for key in keys:
         if key in summary and summary[key] is not None:

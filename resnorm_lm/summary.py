@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -12,9 +13,13 @@ from resnorm_lm.generate import sample_tokens
 from resnorm_lm.runs import RunConfig, result_line, tokens_seen, write_json_atomic
 
 
-def finish_run(trainer: L.Trainer, model, datamodule, run: RunConfig, run_dir: Path) -> dict:
-    """Validate the final weights (unless that step was just validated), then record and print the result."""
-    if getattr(model, "last_validated_step", None) != trainer.global_step:
+def finish_run(trainer: L.Trainer, model, datamodule, run: RunConfig, run_dir: Path, preempted: bool = False) -> dict:
+    """Validate the final weights (unless that step was just validated), then record and print the result.
+
+    After a SIGTERM the run only records where it stopped: the scheduler's grace period is short.
+    """
+    diverged = model.guard.diverged
+    if not preempted and getattr(model, "last_validated_step", None) != trainer.global_step:
         trainer.validate(model, datamodule=datamodule, verbose=False)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
     summary = {
@@ -22,7 +27,8 @@ def finish_run(trainer: L.Trainer, model, datamodule, run: RunConfig, run_dir: P
         "recipe": run.recipe,
         "profile": run.profile,
         "step": trainer.global_step,
-        "finished": trainer.global_step >= trainer.max_steps,
+        "finished": trainer.global_step >= trainer.max_steps or diverged is not None,
+        "preempted": preempted,
         "val_loss": metrics.get("val/loss"),
         "val_ppl": metrics.get("val/ppl"),
         "val_bpb": metrics.get("val/bpb"),
@@ -31,14 +37,30 @@ def finish_run(trainer: L.Trainer, model, datamodule, run: RunConfig, run_dir: P
         "tokens": tokens_seen(trainer, datamodule.batch_size, datamodule.block_size),
         "params": sum(p.numel() for p in model.parameters()),
         "wall_s": round(model.train_seconds(), 1),
-        "diverged": not math.isfinite(metrics.get("val/loss", float("nan"))),
+        "diverged": diverged is not None or not math.isfinite(metrics.get("val/loss", 0.0)),
+        "diverged_at_step": diverged["step"] if diverged else None,
+        "diverged_reason": diverged["reason"] if diverged else None,
+        "skipped_steps": model.guard.skipped,
     }
     if trainer.is_global_zero:
         write_json_atomic(run_dir / "eval.json", summary)
+        record_in_manifest(run_dir, summary)
+        if summary["diverged"]:
+            print(f"resnorm-lm: DIVERGED at step {summary['diverged_at_step']}: {summary['diverged_reason']}; "
+                  "the last good checkpoint is checkpoints/last.ckpt", flush=True)  # fmt: skip
         print(result_line(summary), flush=True)
         if run.sample_tokens > 0:
             print_sample(model, datamodule, run.sample_tokens)
     return summary
+
+
+def record_in_manifest(run_dir: Path, summary: dict) -> None:
+    """The manifest says how the run ended too: finished, preempted or diverged (and why)."""
+    path = run_dir / "manifest.json"
+    manifest = json.loads(path.read_text()) if path.is_file() else {}
+    keys = ("step", "finished", "preempted", "diverged", "diverged_at_step", "diverged_reason", "skipped_steps")
+    manifest["ended"] = {k: summary[k] for k in keys}
+    write_json_atomic(path, manifest)
 
 
 def print_sample(model, datamodule, n_tokens: int, seed: int = 0) -> None:

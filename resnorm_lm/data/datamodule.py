@@ -133,7 +133,9 @@ class TextDataModule(L.LightningDataModule):
         trainer = self.trainer
         if trainer is None:
             return 0, 0, 1
-        return trainer.global_step * trainer.accumulate_grad_batches, trainer.global_rank, trainer.world_size
+        skipped = getattr(trainer.lightning_module, "skipped_batches", 0)  # bad steps skipped by the model
+        start = trainer.global_step * trainer.accumulate_grad_batches + skipped
+        return start, trainer.global_rank, trainer.world_size
 
     def _loader_kwargs(self) -> dict[str, Any]:
         return {

@@ -1,0 +1,164 @@
+"""Surviving faults: atomic checkpoint files, saving on SIGTERM, and catching divergence."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.fabric.plugins import TorchCheckpointIO
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Writes each checkpoint to a temp file in the same folder, fsyncs it, then renames it into place.
+
+    A process killed at any moment leaves either the previous complete file or
+    the new complete file under the checkpoint's name, never a partial one; a
+    leftover ``.*.tmp-*`` file is never taken for a checkpoint and is removed at
+    the next start (``remove_stale_temp_files``).
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any = None) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+        try:
+            with open(tmp, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)  # the rename itself survives a power cut
+        finally:
+            os.close(dir_fd)
+
+
+def remove_stale_temp_files(folder: Path) -> list[Path]:
+    """Delete the temp files of checkpoint writes that were killed midway."""
+    stale = list(folder.glob(".*.tmp-*")) if folder.is_dir() else []
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
+
+
+class FinalCheckpoint(L.Callback):
+    """Saves last.ckpt when training ends at a step that is no multiple of run.checkpoint_every.
+
+    Not after a divergence: there last.ckpt stays the last good state.
+    """
+
+    def __init__(self, checkpoint_path: Path) -> None:
+        self.checkpoint_path = checkpoint_path
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        guard = getattr(pl_module, "guard", None)
+        if guard is not None and guard.diverged is not None:
+            return
+        saved = self.checkpoint_path.is_file() and trainer.is_global_zero
+        if (
+            saved
+            and torch.load(self.checkpoint_path, weights_only=True, mmap=True)["global_step"] == trainer.global_step
+        ):
+            return
+        trainer.save_checkpoint(self.checkpoint_path)
+
+
+class SaveOnSigterm(L.Callback):
+    """On SIGTERM (SLURM and most schedulers send it before killing), save last.ckpt at the next step and stop.
+
+    The signal only sets a flag; the save happens at a step boundary, so the
+    checkpoint resumes exactly. Under DDP the flag is shared across ranks every
+    step, so all ranks stop at the same step.
+    """
+
+    def __init__(self, checkpoint_path: Path) -> None:
+        self.checkpoint_path = checkpoint_path
+        self.requested = False
+        self.saved_at_step: int | None = None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # after Lightning registers its own handler (which would stop mid-validation without saving)
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum, frame) -> None:
+        self.requested = True
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        requested = self.requested
+        if trainer.world_size > 1:
+            requested = trainer.strategy.reduce_boolean_decision(requested, all=False)
+        if requested and self.saved_at_step is None:
+            trainer.save_checkpoint(self.checkpoint_path)
+            self.saved_at_step = trainer.global_step
+            trainer.should_stop = True
+            if trainer.is_global_zero:
+                print(f"resnorm-lm: SIGTERM: saved {self.checkpoint_path} at step {trainer.global_step}; "
+                      "continue with RESUME=last", flush=True)  # fmt: skip
+
+
+@dataclass
+class DivergenceConfig:
+    """When a run counts as diverged, and what to do about a bad step."""
+
+    factor: float = 4.0  # a loss above factor x its running minimum is bad (0: only NaN/Inf)
+    on_bad_step: str = "stop"  # stop: end the run, keep the last good checkpoint; skip: skip the step
+    max_skips: int = 10  # with on_bad_step=skip, this many skipped steps in a row count as divergence
+
+    def __post_init__(self) -> None:
+        if self.on_bad_step not in ("stop", "skip"):
+            raise ValueError(f"divergence.on_bad_step must be 'stop' or 'skip', got {self.on_bad_step!r}")
+        if self.factor < 0 or (0 < self.factor <= 1):
+            raise ValueError(f"divergence.factor must be > 1 (or 0 to check only NaN/Inf), got {self.factor}")
+
+
+class DivergenceGuard:
+    """Judges each training loss before its optimizer step; keeps its verdicts across resume."""
+
+    def __init__(self, config: DivergenceConfig) -> None:
+        self.config = config
+        self.running_min = math.inf
+        self.skipped = 0  # bad steps skipped in total
+        self.skipped_in_a_row = 0
+        self.diverged: dict[str, Any] | None = None  # {"step": k, "reason": "..."} once diverged
+
+    def bad_reason(self, loss: float) -> str | None:
+        if not math.isfinite(loss):
+            return f"loss is {loss}"
+        if self.config.factor and loss > self.config.factor * self.running_min:
+            return f"loss {loss:.4g} > {self.config.factor:g} x running minimum {self.running_min:.4g}"
+        return None
+
+    def judge(self, loss: float, step: int) -> str:
+        """'ok', 'skip' (drop this step) or 'stop' (drop it and end the run)."""
+        reason = self.bad_reason(loss)
+        if reason is None:
+            self.running_min = min(self.running_min, loss)
+            self.skipped_in_a_row = 0
+            return "ok"
+        if self.config.on_bad_step == "skip":
+            self.skipped += 1
+            self.skipped_in_a_row += 1
+            if self.skipped_in_a_row < self.config.max_skips:
+                return "skip"
+            reason = f"{self.skipped_in_a_row} bad steps in a row (last: {reason})"
+        self.diverged = {"step": step, "reason": reason}
+        return "stop"
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"running_min": self.running_min, "skipped": self.skipped, "skipped_in_a_row": self.skipped_in_a_row,
+                "diverged": self.diverged}  # fmt: skip
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.running_min = state["running_min"]
+        self.skipped = state["skipped"]
+        self.skipped_in_a_row = state["skipped_in_a_row"]
+        self.diverged = state["diverged"]

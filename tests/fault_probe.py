@@ -1,0 +1,70 @@
+"""A callback the fault tests pass on the command line: it kills or signals its own process at a chosen point.
+
+RESNORM_LM_FAULT="<where>:<step>[:<rank>]", where is one of
+  step        SIGKILL after backward, before the optimizer step of <step>
+  validation  SIGKILL during the validation that follows <step>
+  save        SIGKILL between writing a checkpoint's temp file and renaming it, at <step>
+  partial     SIGKILL halfway through writing a checkpoint's temp file, at <step>
+  sigterm     SIGTERM to itself during <step> (a scheduler's preemption notice)
+  die         exit this rank abruptly at <step> (only on <rank>, default 1): a dead DDP worker
+"""
+
+import os
+import signal
+
+import lightning as L
+
+import resnorm_lm.faults as faults
+
+
+def _kill(sig=signal.SIGKILL):
+    os.kill(os.getpid(), sig)
+
+
+class FaultProbe(L.Callback):
+    def __init__(self) -> None:
+        spec = os.environ.get("RESNORM_LM_FAULT", "")
+        parts = spec.split(":")
+        self.where, self.step = parts[0], int(parts[1]) if len(parts) > 1 else -1
+        self.rank = int(parts[2]) if len(parts) > 2 else 1
+
+    def setup(self, trainer, pl_module, stage):
+        if self.where in ("save", "partial"):
+            self._patch_checkpoint_writes(trainer)
+
+    def _patch_checkpoint_writes(self, trainer):
+        probe = self
+        real_replace, real_save = faults.os.replace, faults.torch.save
+
+        class PatchedOS:
+            def __getattr__(self, name):
+                return getattr(os, name)
+
+            @staticmethod
+            def replace(src, dst):
+                if probe.where == "save" and trainer.global_step == probe.step:
+                    _kill()
+                return real_replace(src, dst)
+
+        def save(obj, f):
+            if probe.where == "partial" and trainer.global_step == probe.step:
+                real_save(obj, f)
+                f.truncate(f.tell() // 2)
+                f.flush()
+                _kill()
+            return real_save(obj, f)
+
+        faults.os = PatchedOS()
+        faults.torch.save = save
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        if self.where == "step" and trainer.global_step + 1 == self.step:
+            _kill()
+        if self.where == "sigterm" and trainer.global_step + 1 == self.step:
+            _kill(signal.SIGTERM)
+        if self.where == "die" and trainer.global_step + 1 == self.step and trainer.global_rank == self.rank:
+            os._exit(1)
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        if self.where == "validation" and trainer.global_step == self.step and not trainer.sanity_checking:
+            _kill()

@@ -1,0 +1,263 @@
+"""Faults: SIGKILL anywhere, SIGTERM, a dead DDP rank, killed data preparation, divergence, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from resnorm_lm.cli import main
+from resnorm_lm.compare import aggregate, markdown_table
+from resnorm_lm.faults import AtomicCheckpointIO, DivergenceConfig, DivergenceGuard
+from tests.train_helpers import final_weights, run_cli, smoke_args, train_losses, write_corpus
+
+REPO = Path(__file__).resolve().parents[1]
+TOTAL = 6
+COMMON = ["--model.arch.dropout=0.1", f"--trainer.max_steps={TOTAL}", "--run.checkpoint_every=1",
+          "--trainer.val_check_interval=2"]  # fmt: skip
+
+
+def fit_process(tmp: Path, corpus: str, root: Path, *extra: str, fault: str = "", timeout: int = 300):
+    args = smoke_args(tmp, corpus, f"--run.root={root}", *COMMON, *extra)
+    if fault:
+        args.append("--trainer.callbacks+=tests.fault_probe.FaultProbe")
+    env = dict(os.environ, PYTHONPATH=str(REPO), RESNORM_LM_FAULT=fault)
+    return subprocess.run([sys.executable, "-m", "resnorm_lm", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("faults")
+    corpus = write_corpus(tmp / "corpus")
+    assert run_cli(smoke_args(tmp, corpus, f"--run.root={tmp / 'straight'}", *COMMON)) == 0
+    run_dir = tmp / "straight" / "prenorm-12l" / "smoke-seed1"
+    return {"tmp": tmp, "corpus": corpus, "losses": train_losses(run_dir), "weights": final_weights(run_dir)}
+
+
+def assert_same_as_baseline(baseline, run_dir: Path) -> None:
+    losses = train_losses(run_dir)
+    assert [losses[s] for s in range(TOTAL)] == [baseline["losses"][s] for s in range(TOTAL)]
+    weights = final_weights(run_dir)
+    for name, tensor in baseline["weights"].items():
+        assert torch.equal(tensor, weights[name]), name
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        "step:3",
+        "save:4",
+        pytest.param("validation:2", marks=pytest.mark.slow),
+        pytest.param("partial:4", marks=pytest.mark.slow),
+    ],
+)
+def test_sigkill_at_any_point_then_resume_last_matches_an_uninterrupted_run(baseline, fault, tmp_path):
+    tmp, corpus, root = baseline["tmp"], baseline["corpus"], tmp_path / "runs"
+    killed = fit_process(tmp, corpus, root, fault=fault)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    run_dir = root / "prenorm-12l" / "smoke-seed1"
+    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)  # intact: loads
+    assert ckpt["global_step"] < TOTAL
+    if fault.startswith(("save", "partial")):
+        assert list((run_dir / "checkpoints").glob(".*.tmp-*")), "the killed write should have left its temp file"
+    resumed = fit_process(tmp, corpus, root, "--ckpt_path=last")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert not list((run_dir / "checkpoints").glob(".*.tmp-*"))  # the stale temp file was cleaned up
+    assert_same_as_baseline(baseline, run_dir)
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_then_resumes_exactly(baseline, tmp_path):
+    tmp, corpus, root = baseline["tmp"], baseline["corpus"], tmp_path / "runs"
+    stopped = fit_process(tmp, corpus, root, "--run.checkpoint_every=100", fault="sigterm:3")
+    assert stopped.returncode == 143, stopped.stderr[-2000:]
+    assert "SIGTERM: saved" in stopped.stdout
+    run_dir = root / "prenorm-12l" / "smoke-seed1"
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 3
+    assert json.loads((run_dir / "manifest.json").read_text())["ended"]["preempted"] is True
+    resumed = fit_process(tmp, corpus, root, "--run.checkpoint_every=100", "--ckpt_path=last")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert_same_as_baseline(baseline, run_dir)
+
+
+def test_a_dead_ddp_rank_ends_the_job_with_an_error_not_a_hang(baseline, tmp_path):
+    tmp, corpus = baseline["tmp"], baseline["corpus"]
+    started = time.time()
+    proc = fit_process(tmp, corpus, tmp_path / "runs", "--trainer.devices=2", "--trainer.strategy=ddp",
+                       "--run.dist_timeout_s=60", fault="die:2:1", timeout=280)  # fmt: skip
+    assert proc.returncode != 0
+    assert "Connection reset by peer" in proc.stderr or "timed out" in proc.stderr.lower(), proc.stderr[-2000:]
+    assert time.time() - started < 200
+
+
+@pytest.mark.slow
+def test_killed_data_preparation_leaves_no_valid_cache_and_is_rebuilt(tmp_path):
+    corpus = write_corpus(tmp_path / "corpus", n_files=30, words_per_file=6000)
+    cmd = [sys.executable, "-m", "resnorm_lm.data", "prepare", "--corpus", "text", "--files", corpus,
+           "--vocab-size", "2048"]  # fmt: skip
+    clean = subprocess.run([*cmd, "--cache-dir", str(tmp_path / "clean")], cwd=REPO, capture_output=True, text=True)
+    assert clean.returncode == 0, clean.stderr[-2000:]
+    reference = json.loads(clean.stdout)
+    for delay in (1.0, 2.5, 4.0):
+        cache = tmp_path / f"killed{delay}"
+        proc = subprocess.Popen([*cmd, "--cache-dir", str(cache)], cwd=REPO, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)  # fmt: skip
+        time.sleep(delay)
+        proc.kill()
+        proc.communicate()
+        manifests = list(cache.glob("prepared/*/manifest.json"))
+        for path in manifests:  # whatever survived must be complete and valid
+            manifest = json.loads(path.read_text())
+            for split, stats in manifest["splits"].items():
+                size = (path.parent / stats["file"]).stat().st_size
+                assert size == stats["tokens"] * (2 if manifest["dtype"] == "uint16" else 4), split
+        again = subprocess.run([*cmd, "--cache-dir", str(cache)], cwd=REPO, capture_output=True, text=True)
+        assert again.returncode == 0, again.stderr[-2000:]
+        rebuilt = json.loads(again.stdout)
+        assert rebuilt["tokenizer_sha256"] == reference["tokenizer_sha256"]
+        assert rebuilt["splits"] == reference["splits"]
+
+
+# ---------------------------------------------------------------- divergence
+
+
+def test_guard_flags_nan_inf_and_spikes():
+    guard = DivergenceGuard(DivergenceConfig(factor=3.0))
+    assert guard.judge(5.0, 0) == "ok" and guard.judge(4.0, 1) == "ok"
+    assert guard.judge(11.9, 2) == "ok"  # below 3 x 4.0
+    assert guard.judge(12.5, 3) == "stop" and "> 3 x running minimum 4" in guard.diverged["reason"]
+    assert DivergenceGuard(DivergenceConfig()).judge(float("nan"), 7) == "stop"
+    skipping = DivergenceGuard(DivergenceConfig(on_bad_step="skip", max_skips=2))
+    assert skipping.judge(float("inf"), 0) == "skip" and skipping.judge(1.0, 1) == "ok"
+    assert skipping.judge(float("nan"), 2) == "skip" and skipping.judge(float("nan"), 3) == "stop"
+    assert skipping.skipped == 3 and "2 bad steps in a row" in skipping.diverged["reason"]
+    with pytest.raises(ValueError, match="on_bad_step must be 'stop' or 'skip'"):
+        DivergenceConfig(on_bad_step="ignore")
+
+
+def test_a_diverging_run_stops_cleanly_and_says_so(baseline, tmp_path, capsys):
+    tmp, corpus, root = baseline["tmp"], baseline["corpus"], tmp_path / "runs"
+    code = run_cli(smoke_args(tmp, corpus, f"--run.root={root}", "--model.optim.lr=30", "--model.optim.warmup_steps=0",
+                              "--trainer.max_steps=30", "--model.divergence.factor=1.5"))  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 3, out[-2000:]
+    run_dir = root / "prenorm-12l" / "smoke-seed1"
+    summary = json.loads((run_dir / "eval.json").read_text())
+    assert summary["diverged"] is True and summary["diverged_at_step"] is not None and summary["diverged_reason"]
+    assert "DIVERGED at step" in out and "diverged=True" in out
+    assert json.loads((run_dir / "manifest.json").read_text())["ended"]["diverged"] is True
+    weights = final_weights(run_dir)
+    assert all(torch.isfinite(t).all() for t in weights.values())  # the last good state was kept
+
+
+def test_skip_mode_counts_skipped_steps(baseline, tmp_path, capsys):
+    tmp, corpus, root = baseline["tmp"], baseline["corpus"], tmp_path / "runs"
+    code = run_cli(smoke_args(tmp, corpus, f"--run.root={root}", "--model.optim.lr=30", "--model.optim.warmup_steps=0",
+                              "--trainer.max_steps=30", "--model.divergence.factor=1.5",
+                              "--model.divergence.on_bad_step=skip", "--model.divergence.max_skips=3"))  # fmt: skip
+    summary = json.loads((root / "prenorm-12l" / "smoke-seed1" / "eval.json").read_text())
+    assert summary["skipped_steps"] >= 1
+    assert code == (3 if summary["diverged"] else 0)
+
+
+def test_compare_shows_diverged_runs_as_diverged():
+    rows = [{"validation_loss": 5.0, "validation_bpb": 2.0, "diverged": False},
+            {"validation_loss": float("nan"), "diverged": True}]  # fmt: skip
+    table = [aggregate("postnorm-12l-nowarmup", rows, [1, 2]), aggregate("prenorm-12l", [], [1])]
+    assert table[0]["status"] == "diverged 1/2" and table[0]["n_diverged"] == 1
+    assert table[0]["val_loss_mean"] == 5.0  # the mean is over the runs that did not diverge
+    assert table[1]["status"] == "missing 1/1"
+    text = markdown_table(table, "cpu", "make compare")
+    assert "diverged 1/2" in text and "| prenorm-12l | diverged |" in text
+
+
+# ---------------------------------------------------------------- atomic checkpoint files
+
+
+def test_atomic_checkpoint_io_never_leaves_a_partial_file(tmp_path, monkeypatch):
+    path = tmp_path / "last.ckpt"
+    io = AtomicCheckpointIO()
+    io.save_checkpoint({"global_step": 1}, path)
+
+    def broken_save(obj, f):
+        f.write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr("resnorm_lm.faults.torch.save", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        io.save_checkpoint({"global_step": 2}, path)
+    assert torch.load(path, weights_only=True) == {"global_step": 1}
+    assert list(tmp_path.iterdir()) == [path]
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_unwritable_run_directory_fails_before_training(baseline, tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    code = run_cli(smoke_args(baseline["tmp"], baseline["corpus"], f"--run.root={blocker / 'runs'}"))
+    assert code == 2 and "cannot write the run directory" in capsys.readouterr().err
+
+
+def test_full_disk_fails_before_training(baseline, tmp_path, capsys, monkeypatch):
+    import shutil
+
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 10**6, 10**6))
+    code = run_cli(smoke_args(baseline["tmp"], baseline["corpus"], f"--run.root={tmp_path / 'runs'}"))
+    assert code == 2 and "MiB free on the disk" in capsys.readouterr().err
+    assert not (tmp_path / "runs" / "prenorm-12l" / "smoke-seed1" / "checkpoints").exists()
+
+
+def test_malformed_yaml_config(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  arch: [unclosed\n")
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", "--config", str(bad)])
+    assert exit_.value.code != 0
+    assert "bad.yaml" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--data.block_size=100000", "--model.arch.n_layer=1"], "fewer than one window"),
+        (["--data.vocab_size=70000", "--data.dtype=uint16"], "uint16"),
+    ],
+)
+def test_data_that_cannot_fit_the_config_is_refused(baseline, tmp_path, capsys, extra, message):
+    code = run_cli(smoke_args(baseline["tmp"], baseline["corpus"], f"--run.root={tmp_path / 'runs'}", *extra))
+    assert code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_empty_corpus_is_refused(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for i in range(4):
+        (empty / f"{i}.txt").write_text("\n")
+    code = run_cli(smoke_args(tmp_path, str(empty / "*.txt"), f"--run.root={tmp_path / 'runs'}"))
+    assert code == 2 and "empty" in capsys.readouterr().err.lower()
+
+
+def test_resume_from_a_corrupt_or_foreign_checkpoint_is_refused(baseline, tmp_path, capsys):
+    bad = tmp_path / "bad.ckpt"
+    bad.write_bytes(b"\x00garbage")
+    code = run_cli(smoke_args(baseline["tmp"], baseline["corpus"], f"--run.root={tmp_path / 'runs'}",
+                              f"--ckpt_path={bad}"))  # fmt: skip
+    assert code == 2 and "corrupt or not a checkpoint" in capsys.readouterr().err
+
+
+def test_resume_on_different_data_is_refused(baseline, tmp_path, capsys):
+    root = tmp_path / "runs"
+    assert run_cli(smoke_args(baseline["tmp"], baseline["corpus"], f"--run.root={root}", "--trainer.max_steps=2")) == 0
+    other = write_corpus(tmp_path / "other", seed=7)
+    code = run_cli(smoke_args(tmp_path, other, f"--run.root={root}", "--ckpt_path=last"))
+    assert code == 2 and "different data or tokenizer" in capsys.readouterr().err
