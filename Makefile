@@ -59,7 +59,7 @@ compare: $(STAMP) ## Train what is missing of RECIPES="..." [SEEDS=...], evaluat
 	$(PY) -m resnorm_lm compare --profile $(PROFILE) --seeds $(SEEDS) $(if $(RECIPES),--recipes $(RECIPES)) $(ARGS)
 
 bench: $(STAMP) ## Training-loop and norm benchmarks on this machine
-	@echo "make bench: not yet: benchmarks land with issue 8"; exit 2
+	$(PY) benchmarks/bench_training.py $(ARGS)
 
 bench-kernels: $(STAMP) ## Fused Triton kernel benchmark (needs a CUDA GPU)
 	$(PY) benchmarks/bench_kernels.py $(ARGS)

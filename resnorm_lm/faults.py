@@ -56,20 +56,15 @@ class FinalCheckpoint(L.Callback):
     Not after a divergence: there last.ckpt stays the last good state.
     """
 
-    def __init__(self, checkpoint_path: Path) -> None:
-        self.checkpoint_path = checkpoint_path
+    def __init__(self, checkpoint_path: Path, every: int) -> None:
+        self.checkpoint_path, self.every = checkpoint_path, every
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         guard = getattr(pl_module, "guard", None)
         if guard is not None and guard.diverged is not None:
             return
-        saved = self.checkpoint_path.is_file() and trainer.is_global_zero
-        if (
-            saved
-            and torch.load(self.checkpoint_path, weights_only=True, mmap=True)["global_step"] == trainer.global_step
-        ):
-            return
-        trainer.save_checkpoint(self.checkpoint_path)
+        if trainer.global_step % self.every != 0:  # the same decision on every rank: saving is collective
+            trainer.save_checkpoint(self.checkpoint_path)
 
 
 class SaveOnSigterm(L.Callback):
