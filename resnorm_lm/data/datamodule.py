@@ -133,7 +133,7 @@ class TextDataModule(L.LightningDataModule):
         trainer = self.trainer
         if trainer is None:
             return 0, 0, 1
-        skipped = getattr(trainer.lightning_module, "skipped_batches", 0)  # bad steps skipped by the model
+        skipped = getattr(getattr(trainer, "lightning_module", None), "skipped_batches", 0)  # bad steps skipped
         start = trainer.global_step * trainer.accumulate_grad_batches + skipped
         return start, trainer.global_rank, trainer.world_size
 
