@@ -42,19 +42,28 @@ def time_at(rows: list[dict[str, float]], steps: list[float]) -> list[float]:
 
 
 def plot_loss_curves(runs: dict[str, list[Path]], out_dir: Path) -> Path:
+    """Training loss (thin) and validation loss (points) against steps and against training wall time."""
     fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(12, 4.5), dpi=90)
+    finite: list[float] = []
     for i, (recipe, run_dirs) in enumerate(sorted(runs.items())):
         color = plt.cm.tab20(i % 20)
         for j, run_dir in enumerate(run_dirs):
             rows = read_metrics(run_dir)
-            steps, losses = series(rows, "val/loss")
             label = recipe if j == 0 else None
-            by_step.plot(steps, losses, marker="o", ms=3, color=color, label=label)
-            times = time_at(rows, steps)
-            if times:
-                by_time.plot(times, losses, marker="o", ms=3, color=color, label=label)
-    by_step.set(xlabel="optimizer step", ylabel="validation loss (nats/token)", title="validation loss by step")
-    by_time.set(xlabel="training wall time (s)", ylabel="validation loss (nats/token)", title="validation loss by time")
+            for key, style in (("train/loss", dict(lw=0.8, alpha=0.6)), ("val/loss", dict(marker="o", ms=4, lw=1.5))):
+                steps, losses = series(rows, key)
+                by_step.plot(steps, losses, color=color, label=label if key == "val/loss" else None, **style)
+                times = time_at(rows, steps)
+                if times:
+                    by_time.plot(times, losses, color=color, **style)
+                finite += [v for v in losses if v == v and abs(v) != float("inf")]
+    if finite:  # a diverged run's spike would flatten everyone else's curve: clip the view, not the data
+        finite.sort()
+        top = finite[int(0.98 * (len(finite) - 1))]
+        for ax in (by_step, by_time):
+            ax.set_ylim(finite[0] - 0.2, top + 0.3)
+    by_step.set(xlabel="optimizer step", ylabel="loss (nats/token)", title="train (line) and validation (dots) loss")
+    by_time.set(xlabel="training wall time (s)", ylabel="loss (nats/token)", title="the same against wall time")
     for ax in (by_step, by_time):
         ax.grid(alpha=0.3)
     by_step.legend(fontsize=7, ncol=2)
