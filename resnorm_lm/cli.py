@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import sys
@@ -157,7 +158,7 @@ class ResnormCLI(LightningCLI):
                 callbacks.append(StopAfterSteps(run.stop_after_steps))
         kwargs.update(
             callbacks=callbacks,
-            logger=ContinuedCSVLogger(self.run_dir, resume_step=self.resume_step),
+            logger=run_loggers(self.run_dir, self.resume_step),
             default_root_dir=str(self.run_dir),
             plugins=[AtomicCheckpointIO()],
         )
@@ -174,6 +175,16 @@ class ResnormCLI(LightningCLI):
         preempted = self.sigterm.saved_at_step is not None
         summary = finish_run(self.trainer, self.model, self.datamodule, self.run_config, self.run_dir, preempted)
         self.exit_code = EXIT_PREEMPTED if preempted else EXIT_DIVERGED if summary["diverged"] else 0
+
+
+def run_loggers(run_dir: Path, resume_step: int | None) -> list:
+    """metrics.csv always; TensorBoard event files under tensorboard/ too when tensorboard is installed."""
+    loggers = [ContinuedCSVLogger(run_dir, resume_step=resume_step)]
+    if importlib.util.find_spec("tensorboard") is not None:
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        loggers.append(TensorBoardLogger(save_dir=str(run_dir), name="tensorboard", version=""))
+    return loggers
 
 
 def check_writable(run_dir: Path) -> None:
