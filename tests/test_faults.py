@@ -93,7 +93,8 @@ def test_a_dead_ddp_rank_ends_the_job_with_an_error_not_a_hang(baseline, tmp_pat
     proc = fit_process(tmp, corpus, tmp_path / "runs", "--trainer.devices=2", "--trainer.strategy=ddp",
                        "--run.dist_timeout_s=60", fault="die:2:1", timeout=280)  # fmt: skip
     assert proc.returncode != 0
-    assert "Connection reset by peer" in proc.stderr or "timed out" in proc.stderr.lower(), proc.stderr[-2000:]
+    # the survivor's next collective fails at once ("... by peer") or after run.dist_timeout_s ("timed out")
+    assert "by peer" in proc.stderr or "timed out" in proc.stderr.lower(), proc.stderr[-2000:]
     assert time.time() - started < 200
 
 
@@ -222,7 +223,8 @@ def test_malformed_yaml_config(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["fit", "--config", str(bad)])
     assert exit_.value.code != 0
-    assert "bad.yaml" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "did not find expected" in err and "line 2" in err  # the YAML error and where it is
 
 
 @pytest.mark.parametrize(
@@ -244,7 +246,8 @@ def test_empty_corpus_is_refused(tmp_path, capsys):
     for i in range(4):
         (empty / f"{i}.txt").write_text("\n")
     code = run_cli(smoke_args(tmp_path, str(empty / "*.txt"), f"--run.root={tmp_path / 'runs'}"))
-    assert code == 2 and "empty" in capsys.readouterr().err.lower()
+    err = capsys.readouterr().err
+    assert code == 2 and "give more text or files" in err
 
 
 def test_resume_from_a_corrupt_or_foreign_checkpoint_is_refused(baseline, tmp_path, capsys):
