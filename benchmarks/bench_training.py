@@ -157,9 +157,11 @@ def time_it(fn, repeat: int) -> float:
 
 def bench_norms(widths: list[int], rows: int, repeat: int) -> list[dict]:
     import torch
+    import torch._dynamo
 
     from resnorm_lm.norms import build_norm
 
+    torch._dynamo.config.recompile_limit = 64  # one compile per (norm, width): never fall back to eager
     out = []
     for name in ("layernorm", "rmsnorm", "scalenorm", "dyt"):
         for mode in ("norm", "add+norm"):
@@ -170,7 +172,7 @@ def bench_norms(widths: list[int], rows: int, repeat: int) -> list[dict]:
                     y = norm.add_norm(x, d)[0] if d is not None else norm(x)
                     y.sum().backward()
 
-                fn = torch.compile(step, dynamic=True) if compiled else step
+                fn = torch.compile(step, dynamic=False) if compiled else step
                 for n in widths:
                     norm = build_norm(name, n)
                     x = torch.randn(rows, n, requires_grad=True)
