@@ -66,6 +66,8 @@ class LanguageModel(L.LightningModule):
         log_grad_norms: log total and per-layer gradient norms every ``log_every_n_steps``.
         divergence: when a loss counts as diverged (NaN/Inf, or a factor above its running minimum)
             and whether a bad step stops the run or is skipped.
+        compile: torch.compile the GPT in place (``nn.Module.compile``: state-dict keys unchanged, so
+            checkpoints stay interchangeable). Opt-in: see docs/benchmarks.md for its effect here.
     """
 
     def __init__(
@@ -74,11 +76,13 @@ class LanguageModel(L.LightningModule):
         optim: OptimConfig = OptimConfig(),  # noqa: B008
         log_grad_norms: bool = True,
         divergence: DivergenceConfig = DivergenceConfig(),  # noqa: B008
+        compile: bool = False,
     ) -> None:
         super().__init__()
         self.arch = arch
         self.optim = optim
         self.guard = DivergenceGuard(divergence)
+        self.compile_model = compile
         self.log_grad_norms = log_grad_norms
         self.save_hyperparameters({"arch": asdict(self.arch), "optim": asdict(self.optim)})
         self.model = GPT(self.arch)
@@ -165,6 +169,10 @@ class LanguageModel(L.LightningModule):
         self._log_split("val", "validation", self.val_totals)
         if not self.trainer.sanity_checking:
             self.last_validated_step = self.trainer.global_step
+
+    def configure_model(self) -> None:
+        if self.compile_model:
+            self.model.compile()
 
     def on_fit_start(self) -> None:
         self.fit_started_at = time.time()

@@ -255,3 +255,14 @@ def test_every_recipe_trains_on_the_smoke_profile(recipe, tmp_path, corpus, caps
     assert code == 0, captured.err[-2000:]
     result = next(line for line in captured.out.splitlines() if line.startswith("RESULT "))
     assert "step=2" in result and "val_ppl=" in result
+
+
+@pytest.mark.slow
+def test_compiled_model_trains_and_its_checkpoint_loads_uncompiled(tmp_path, corpus, capsys):
+    root = tmp_path / "runs"
+    code = run_cli(smoke_args(tmp_path, corpus, f"--run.root={root}", "--model.compile=true", "--trainer.max_steps=3"))
+    assert code == 0, capsys.readouterr().err[-2000:]
+    from resnorm_lm.checkpoints import load_run
+
+    run = load_run(root / "prenorm-12l" / "smoke-seed1")  # plain module, the same state-dict keys
+    assert run.global_step == 3
