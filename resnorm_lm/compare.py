@@ -12,7 +12,6 @@ norms at initialization and late in training.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import statistics
@@ -22,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from resnorm_lm.data.cache import write_csv_atomic
 from resnorm_lm.evaluate import evaluate_paths
 from resnorm_lm.recipes import RecipeError, recipe_path, resolve_profile
 from resnorm_lm.runs import REPO_ROOT, RunConfig, run_directory
@@ -97,16 +97,6 @@ def markdown_table(table: list[dict[str, Any]], profile: str, command: str) -> s
     return "\n".join(lines) + "\n"
 
 
-def write_csv(path: Path, table: list[dict[str, Any]]) -> None:
-    keys = list(table[0])
-    tmp = path.with_suffix(".csv.tmp")
-    with tmp.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=keys)
-        writer.writeheader()
-        writer.writerows(table)
-    tmp.replace(path)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="resnorm-lm compare", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -152,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         f'make compare RECIPES="{" ".join(args.recipes)}" PROFILE={profile} SEEDS="{" ".join(map(str, args.seeds))}"'
     )
     (out_dir / "compare.md").write_text(markdown_table(table, profile, command))
-    write_csv(out_dir / "compare.csv", table)
+    write_csv_atomic(out_dir / "compare.csv", table)
     from resnorm_lm.plots import plot_grad_norms, plot_loss_curves
 
     plot_loss_curves(runs, out_dir)

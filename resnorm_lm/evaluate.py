@@ -6,11 +6,9 @@ resnorm-lm eval runs/prenorm-12l/cpu-seed1 runs/postnorm-12l/cpu-seed1 [--split 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import sys
-from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -18,7 +16,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_only
 
 from resnorm_lm.checkpoints import CheckpointError, LoadedRun, load_run
-from resnorm_lm.runs import write_json_atomic
+from resnorm_lm.data.cache import write_csv_atomic, write_json_atomic
 
 SPLITS = {"validation": ("validate", "val"), "test": ("test", "test")}
 
@@ -137,12 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{split} (sorted by bits per byte; every token of the split counted once)\n")
         print(format_table(rows, split, comparable))
     if args.csv:
-        Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
-        keys = sorted({k for r in rows for k in r})
-        with open(args.csv, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=keys)
-            writer.writeheader()
-            writer.writerows(rows)
+        write_csv_atomic(args.csv, rows)
     return 0
 
 

@@ -37,3 +37,18 @@ def sample_tokens(
             yield int(next_id)
     finally:
         model.train(was_training)
+
+
+def stream_text(model: GPT, tokenizer, prompt_ids: list[int], max_new_tokens: int, temperature: float = 0.8,
+                top_k: int | None = 50, generator: torch.Generator | None = None) -> Iterator[str]:  # fmt: skip
+    """The generated text piece by piece, holding back a multi-byte character until it is complete."""
+    device = next(model.parameters()).device
+    prompt = torch.tensor(prompt_ids, device=device)
+    ids: list[int] = []
+    shown = ""
+    for token in sample_tokens(model, prompt, max_new_tokens, temperature, top_k, generator):
+        ids.append(token)
+        text = tokenizer.decode(ids, skip_special_tokens=False)
+        if not text.endswith("\ufffd"):  # wait for the rest of a multi-byte character
+            yield text[len(shown) :]
+            shown = text

@@ -50,6 +50,11 @@ class GPTConfig:
         check_norm_choice(self.norm, self.norm_backend)
 
 
+def norm_factory(cfg: GPTConfig):
+    """A no-argument builder of the configured norm (kind, backend, width, eps, bias)."""
+    return partial(build_norm, cfg.norm, cfg.n_embd, backend=cfg.norm_backend, eps=cfg.norm_eps, bias=cfg.bias)
+
+
 def _divisor_near(n: int, k: int) -> int:
     return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: abs(d - k))
 
@@ -100,8 +105,7 @@ class Block(nn.Module):
         super().__init__()
         self.attn = CausalSelfAttention(cfg)
         self.mlp = MLP(cfg)
-        make_norm = partial(build_norm, cfg.norm, cfg.n_embd, backend=cfg.norm_backend, eps=cfg.norm_eps, bias=cfg.bias)
-        self.placement = PLACEMENTS.get(cfg.placement)(BlockContext(layer, cfg.n_layer, make_norm))
+        self.placement = PLACEMENTS.get(cfg.placement)(BlockContext(layer, cfg.n_layer, norm_factory(cfg)))
 
     def forward(self, stream: Stream) -> Stream:
         return self.placement(stream, (self.attn, self.mlp))
@@ -119,8 +123,7 @@ class GPT(nn.Module):
         self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList([Block(cfg, layer) for layer in range(cfg.n_layer)])
-        make_norm = partial(build_norm, cfg.norm, cfg.n_embd, backend=cfg.norm_backend, eps=cfg.norm_eps, bias=cfg.bias)
-        self.readout = placement.build_readout(make_norm)
+        self.readout = placement.build_readout(norm_factory(cfg))
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied input/output embeddings
         self.reset_parameters()

@@ -41,6 +41,18 @@ def time_at(rows: list[dict[str, float]], steps: list[float]) -> list[float]:
     return out
 
 
+def save_figure(fig, axes, legend_axes, path: Path) -> Path:
+    """Grid on every panel, legends where asked, then write the PNG and free the figure."""
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    for ax in legend_axes:
+        ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def plot_loss_curves(runs: dict[str, list[Path]], out_dir: Path) -> Path:
     """Training loss (thin) and validation loss (points) against steps and against training wall time."""
     fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(12, 4.5), dpi=90)
@@ -64,14 +76,7 @@ def plot_loss_curves(runs: dict[str, list[Path]], out_dir: Path) -> Path:
             ax.set_ylim(finite[0] - 0.2, top + 0.3)
     by_step.set(xlabel="optimizer step", ylabel="loss (nats/token)", title="train (line) and validation (dots) loss")
     by_time.set(xlabel="training wall time (s)", ylabel="loss (nats/token)", title="the same against wall time")
-    for ax in (by_step, by_time):
-        ax.grid(alpha=0.3)
-    by_step.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    path = out_dir / "loss_curves.png"
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, (by_step, by_time), (by_step,), out_dir / "loss_curves.png")
 
 
 def layer_norms(row: dict[str, float]) -> list[float]:
@@ -92,11 +97,4 @@ def plot_grad_norms(runs: dict[str, list[Path]], out_dir: Path) -> Path:
     early.set(title="per-layer gradient norm at step 0 (initialization)", xlabel="block", ylabel="||grad W||",
               yscale="log")  # fmt: skip
     late.set(title="per-layer gradient norm late in training", xlabel="block", yscale="log")
-    for ax in (early, late):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    path = out_dir / "grad_norms.png"
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, (early, late), (early, late), out_dir / "grad_norms.png")

@@ -68,10 +68,8 @@ def expand_recipe_arguments(args: list[str], root: Path = RECIPES_DIR) -> list[s
     args, profile = _take_option(args, "profile")
     if recipe is None and profile is None:
         return args
-    inserted = []
-    if profile is not None or recipe is not None:
-        profile = resolve_profile(profile or "auto", root)
-        inserted += ["--config", str(root / "profiles" / f"{profile}.yaml"), f"--run.profile={profile}"]
+    profile = resolve_profile(profile or "auto", root)
+    inserted = ["--config", str(root / "profiles" / f"{profile}.yaml"), f"--run.profile={profile}"]
     if recipe is not None:
         inserted += ["--config", str(recipe_path(recipe, root)), f"--run.recipe={recipe}"]
     at = next((i + 1 for i, a in enumerate(args) if not a.startswith("-")), 0)  # after the subcommand

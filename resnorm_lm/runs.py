@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from importlib import metadata
@@ -17,6 +15,8 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_only
+
+from resnorm_lm.data.cache import write_json_atomic
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,21 +36,6 @@ class RunConfig:
 
 def run_directory(run: RunConfig, seed: int | None) -> Path:
     return Path(run.root) / run.recipe / f"{run.profile}-seed{seed if seed is not None else 'none'}"
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write JSON to a temp file in the same folder, then rename: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, sort_keys=True, default=str)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def code_revision() -> str:

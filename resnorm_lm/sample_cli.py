@@ -11,7 +11,7 @@ import sys
 import torch
 
 from resnorm_lm.checkpoints import CheckpointError, load_run
-from resnorm_lm.generate import sample_tokens
+from resnorm_lm.generate import stream_text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,16 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     prompt_ids = [eot] + (tokenizer.encode(args.prompt).ids if args.prompt else [])
     generator = torch.Generator().manual_seed(args.seed)
     sys.stdout.write(args.prompt)
-    ids: list[int] = []
-    shown = ""
-    for token in sample_tokens(run.model.model, torch.tensor(prompt_ids), args.tokens, args.temperature,
-                               args.top_k or None, generator):  # fmt: skip
-        ids.append(token)
-        text = tokenizer.decode(ids, skip_special_tokens=False)
-        if not text.endswith("\ufffd"):  # wait for the rest of a multi-byte character
-            sys.stdout.write(text[len(shown) :])
-            sys.stdout.flush()
-            shown = text
+    for piece in stream_text(run.model.model, tokenizer, prompt_ids, args.tokens, args.temperature,
+                             args.top_k or None, generator):  # fmt: skip
+        sys.stdout.write(piece)
+        sys.stdout.flush()
     sys.stdout.write("\n")
     return 0
 

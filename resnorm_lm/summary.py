@@ -9,8 +9,9 @@ from pathlib import Path
 import lightning as L
 import torch
 
-from resnorm_lm.generate import sample_tokens
-from resnorm_lm.runs import RunConfig, result_line, tokens_seen, write_json_atomic
+from resnorm_lm.data.cache import write_json_atomic
+from resnorm_lm.generate import stream_text
+from resnorm_lm.runs import RunConfig, result_line, tokens_seen
 
 
 def finish_run(trainer: L.Trainer, model, datamodule, run: RunConfig, run_dir: Path, preempted: bool = False) -> dict:
@@ -65,9 +66,7 @@ def record_in_manifest(run_dir: Path, summary: dict) -> None:
 
 def print_sample(model, datamodule, n_tokens: int, seed: int = 0) -> None:
     """A sample from the trained model, starting at an end-of-text token."""
-    tokenizer = datamodule.prepared.tokenizer
-    eot = datamodule.manifest.eot_id
     generator = torch.Generator(device=model.device).manual_seed(seed)
-    prompt = torch.tensor([eot], device=model.device)
-    ids = list(sample_tokens(model.model, prompt, n_tokens, generator=generator))
-    print("SAMPLE (temperature 0.8, top-k 50):\n" + tokenizer.decode(ids, skip_special_tokens=False), flush=True)
+    pieces = stream_text(model.model, datamodule.prepared.tokenizer, [datamodule.manifest.eot_id], n_tokens,
+                         generator=generator)  # fmt: skip
+    print("SAMPLE (temperature 0.8, top-k 50):\n" + "".join(pieces), flush=True)

@@ -12,6 +12,7 @@ Everything downloaded or derived lives under ``$RESNORM_LM_CACHE`` (default
 from __future__ import annotations
 
 import contextlib
+import csv
 import hashlib
 import json
 import os
@@ -71,8 +72,17 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO[Any]]
 
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
     with atomic_write(path, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
+        json.dump(obj, f, indent=2, sort_keys=True, default=str)
         f.write("\n")
+
+
+def write_csv_atomic(path: str | os.PathLike, rows: list[dict[str, Any]]) -> None:
+    """rows as CSV with a header of every key that appears, all or nothing."""
+    keys = list(dict.fromkeys(k for row in rows for k in row))
+    with atomic_write(path, "w") as f:
+        writer = csv.DictWriter(f, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
