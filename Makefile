@@ -18,7 +18,11 @@ RUNS ?=
 RECIPES ?=
 SEEDS ?= 1
 
-.PHONY: help install test test-full lint format train data eval compare bench bench-kernels notebooks clean
+AVX2_ONLY := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
+NUMERIC_TESTS := tests/test_norms.py tests/test_norm_properties.py tests/test_triton_kernels.py \
+	tests/test_placements.py tests/test_model.py tests/test_gradient_flow.py tests/test_precision.py
+
+.PHONY: help install test test-full test-avx2 lint format train data eval compare bench bench-kernels notebooks clean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -35,6 +39,9 @@ test: $(STAMP) ## Fast test suite (CPU, no network; installs first when needed)
 
 test-full: $(STAMP) ## Every test, the slow ones included
 	$(PY) -m pytest -q
+
+test-avx2: $(STAMP) ## The numerical tests again with kernels capped at AVX2 (a CPU without AVX-512 or native bf16)
+	$(AVX2_ONLY) $(PY) -m pytest -q -m "not slow" $(NUMERIC_TESTS)
 
 lint: $(STAMP) ## ruff check and format check
 	$(VENV)/bin/ruff check resnorm_lm tests benchmarks notebooks/run_notebooks.py

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import sys
@@ -19,14 +20,17 @@ import torch
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ThroughputMonitor
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.utilities import rank_zero_only
 
 from resnorm_lm.data.datamodule import TextDataModule
 from resnorm_lm.data.errors import DataError
-from resnorm_lm.faults import AtomicCheckpointIO, FinalCheckpoint, SaveOnSigterm, remove_stale_temp_files
+from resnorm_lm.faults import AtomicCheckpointIO, FinalCheckpoint, Preempted, PreemptOnSigterm, remove_stale_temp_files
 from resnorm_lm.lightning_module import LanguageModel
 from resnorm_lm.logging import ContinuedCSVLogger
+from resnorm_lm.precision import PrecisionChoice, PrecisionError, resolve_precision, uses_cuda
 from resnorm_lm.recipes import expand_recipe_arguments
 from resnorm_lm.runs import RunConfig, RunManifest, StopAfterSteps, run_directory
+from resnorm_lm.trainer import Trainer
 
 MIN_FREE_DISK_BYTES = 200 * 2**20  # refuse to start a run with less free space than this
 EXIT_DIVERGED = 3  # the run diverged: last.ckpt is the last good state
@@ -37,40 +41,27 @@ class UsageError(ValueError):
     """A mistake in the command line or config that the user fixes; printed without a traceback."""
 
 
-def resolve_precision(precision: str | int | None, cuda: bool) -> str | int | None:
-    """What precision to run at: on CPU, 16-mixed becomes bf16-mixed (said aloud); 16-true is refused."""
-    text = str(precision)
-    if cuda or precision is None:
-        return precision
-    if text in ("16-true", "16", "half"):
-        raise UsageError(
-            "precision 16-true is refused on CPU: fp16 weights without a grad scaler give NaN losses here; "
-            "use --trainer.precision=bf16-mixed (default) or 32-true"
-        )
-    if text == "16-mixed":
-        print("resnorm-lm: precision 16-mixed needs a CUDA GPU; switching to bf16-mixed on CPU", file=sys.stderr)
-        return "bf16-mixed"
-    return precision
-
-
-def checkpoint_step(path: Path) -> int:
-    """The global step stored in a Lightning checkpoint (read lazily, without loading its tensors)."""
+def read_checkpoint_facts(path: Path) -> tuple[int, str | None]:
+    """The global step and training precision stored in a Lightning checkpoint (read lazily, without
+    loading its tensors); the precision is None in checkpoints written before it was recorded."""
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
     except Exception as err:  # a truncated or foreign file
         raise UsageError(f"cannot read checkpoint {path}: {err}; it is corrupt or not a checkpoint") from None
     if not isinstance(ckpt, dict) or "global_step" not in ckpt:
         raise UsageError(f"{path} is not a Lightning checkpoint (no global_step)")
-    return int(ckpt["global_step"])
+    return int(ckpt["global_step"]), ckpt.get("precision")
 
 
 class ResnormCLI(LightningCLI):
     """LightningCLI for ``LanguageModel`` x ``TextDataModule`` with resnorm-lm's run directories."""
 
     def __init__(self, args: list[str] | None = None, run: bool = True) -> None:
+        self.pin_in_argv = args is None  # parsed from sys.argv, which DDP relaunches
         super().__init__(
             LanguageModel,
             TextDataModule,
+            trainer_class=Trainer,
             args=args,
             run=run,
             auto_configure_optimizers=False,
@@ -88,13 +79,26 @@ class ResnormCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand] if self.subcommand else self.config
-        cuda = torch.cuda.is_available()
-        cfg.trainer.precision = resolve_precision(cfg.trainer.precision, cuda)
         self.run_config = RunConfig(**vars(cfg.run))
         self.run_dir = run_directory(self.run_config, cfg.seed_everything)
         self.resume_step: int | None = None
+        self.resume_precision: str | None = None
         if self.subcommand == "fit":
             cfg.ckpt_path = self._resolve_resume(cfg.ckpt_path)
+        self.precision_choice = self._choose_precision(cfg)
+
+    def _choose_precision(self, cfg) -> PrecisionChoice:
+        """Resolve ``auto`` once, say what was chosen and why, and pin it for relaunched DDP ranks."""
+        try:
+            choice = resolve_precision(cfg.trainer.precision, uses_cuda(cfg.trainer.accelerator), self.resume_precision)
+        except PrecisionError as err:
+            raise UsageError(str(err)) from None
+        if rank_zero_only.rank == 0:
+            print(f"resnorm-lm: {choice.describe()}", file=sys.stderr, flush=True)
+        cfg.trainer.precision = choice.precision
+        if self.pin_in_argv:  # Lightning's DDP launcher re-runs sys.argv: every rank uses this precision
+            sys.argv.append(f"--trainer.precision={choice.precision}")
+        return choice
 
     def after_instantiate_classes(self) -> None:
         if self.subcommand == "fit":  # the config built: only now touch the disk
@@ -120,7 +124,9 @@ class ResnormCLI(LightningCLI):
             return None
         elif not Path(ckpt_path).is_file():
             raise UsageError(f"checkpoint {ckpt_path} does not exist")
-        self.resume_step = checkpoint_step(Path(ckpt_path))
+        self.resume_step, self.resume_precision = read_checkpoint_facts(Path(ckpt_path))
+        if self.resume_precision is None:  # a checkpoint from before precision was recorded in it
+            self.resume_precision = recorded_precision(self.run_dir)
         return ckpt_path
 
     # ------------------------------------------------------------------ the trainer
@@ -151,9 +157,10 @@ class ResnormCLI(LightningCLI):
             ThroughputMonitor(batch_size_fn=lambda batch: batch[0].size(0), length_fn=lambda batch: batch[0].numel()),
         ]
         if self.subcommand == "fit":
-            callbacks.append(RunManifest(self.run_dir, run, self._get(self.config, "seed_everything")))
-            self.sigterm = SaveOnSigterm(ckpt_dir / "last.ckpt")
-            callbacks += [self.sigterm, FinalCheckpoint(ckpt_dir / "last.ckpt", run.checkpoint_every)]
+            seed = self._get(self.config, "seed_everything")
+            callbacks.append(RunManifest(self.run_dir, run, seed, self.precision_choice))
+            preempt = PreemptOnSigterm(ckpt_dir / "last.ckpt", on_preempted=lambda: self._finish(preempted=True))
+            callbacks += [preempt, FinalCheckpoint(ckpt_dir / "last.ckpt", run.checkpoint_every)]
             if run.stop_after_steps is not None:
                 callbacks.append(StopAfterSteps(run.stop_after_steps))
         kwargs.update(
@@ -170,11 +177,19 @@ class ResnormCLI(LightningCLI):
     # ------------------------------------------------------------------ after training
 
     def after_fit(self) -> None:
+        summary = self._finish(preempted=False)
+        self.exit_code = EXIT_DIVERGED if summary["diverged"] else 0
+
+    def _finish(self, preempted: bool) -> dict:
         from resnorm_lm.summary import finish_run
 
-        preempted = self.sigterm.saved_at_step is not None
-        summary = finish_run(self.trainer, self.model, self.datamodule, self.run_config, self.run_dir, preempted)
-        self.exit_code = EXIT_PREEMPTED if preempted else EXIT_DIVERGED if summary["diverged"] else 0
+        return finish_run(self.trainer, self.model, self.datamodule, self.run_config, self.run_dir, preempted)
+
+
+def recorded_precision(run_dir: Path) -> str | None:
+    """The precision a run directory's manifest says the run trained with (None when unknown)."""
+    path = run_dir / "manifest.json"
+    return json.loads(path.read_text()).get("precision") if path.is_file() else None
 
 
 def run_loggers(run_dir: Path, resume_step: int | None) -> list:
@@ -213,7 +228,7 @@ def check_checkpoint_argument(args: list[str]) -> None:
         if value not in (None, "last", "null", "None"):
             if not Path(value).is_file():
                 raise UsageError(f"checkpoint {value} does not exist")
-            checkpoint_step(Path(value))
+            read_checkpoint_facts(Path(value))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -229,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
         if argv is None:
             sys.argv[1:] = args  # DDP relaunches sys.argv: the children get the resolved configs too
         cli = ResnormCLI(args=None if argv is None else args)
+    except Preempted:  # last.ckpt, eval.json and the RESULT line are written: leave now
+        return EXIT_PREEMPTED
     except (ValueError, NotImplementedError, DataError) as err:  # config, recipe, data and checkpoint errors
         if os.environ.get("RESNORM_LM_DEBUG"):
             raise

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,37 +68,78 @@ class FinalCheckpoint(L.Callback):
             trainer.save_checkpoint(self.checkpoint_path)
 
 
-class SaveOnSigterm(L.Callback):
-    """On SIGTERM (SLURM and most schedulers send it before killing), save last.ckpt at the next step and stop.
+class Preempted(Exception):  # noqa: N818 (a request, not an error)
+    """Raised once a SIGTERM's checkpoint and summary are written: the process exits 143 without more work."""
 
-    The signal only sets a flag; the save happens at a step boundary, so the
-    checkpoint resumes exactly. Under DDP the flag is shared across ranks every
-    step, so all ranks stop at the same step.
+
+class PreemptOnSigterm(L.Callback):
+    """On SIGTERM (SLURM and most schedulers send it before SIGKILL), save last.ckpt and leave at once.
+
+    The signal only sets a flag. At the end of the current training step (or the
+    current batch of a validation pass) the callback writes last.ckpt atomically,
+    calls ``on_preempted`` (which records the run as preempted and prints its
+    RESULT line) and raises ``Preempted``: no end-of-run evaluation, no sample,
+    so the process ends within one step plus one checkpoint write. A second
+    SIGTERM or a SIGINT meanwhile exits at once; the checkpoint being written
+    stays atomic (its temp file is removed at the next start). Under DDP the
+    flag is shared across ranks, so all ranks stop at the same step.
     """
 
-    def __init__(self, checkpoint_path: Path) -> None:
+    def __init__(self, checkpoint_path: Path, on_preempted: Callable[[], None] = lambda: None) -> None:
         self.checkpoint_path = checkpoint_path
+        self.on_preempted = on_preempted
         self.requested = False
         self.saved_at_step: int | None = None
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # after Lightning registers its own handler (which would stop mid-validation without saving)
-        signal.signal(signal.SIGTERM, self._on_sigterm)
+        signal.signal(signal.SIGTERM, self._on_signal)
 
-    def _on_sigterm(self, signum, frame) -> None:
+    def _on_signal(self, signum, frame) -> None:
+        if self.requested:  # asked twice: the user or scheduler wants out now
+            os._exit(128 + signum)
         self.requested = True
+        signal.signal(signal.SIGINT, self._on_signal)
+
+    def _requested_on_any_rank(self, trainer: L.Trainer) -> bool:
+        if trainer.world_size > 1:
+            return trainer.strategy.reduce_boolean_decision(self.requested, all=False)
+        return self.requested
+
+    def _save(self, trainer: L.Trainer) -> None:
+        trainer.save_checkpoint(self.checkpoint_path)
+        self.saved_at_step = trainer.global_step
+        if trainer.is_global_zero:
+            print(f"resnorm-lm: SIGTERM: saved {self.checkpoint_path} at step {trainer.global_step}; "
+                  "continue with RESUME=last", flush=True)  # fmt: skip
+
+    def _leave(self) -> None:
+        self.on_preempted()
+        raise Preempted(f"preempted at step {self.saved_at_step}")
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        requested = self.requested
-        if trainer.world_size > 1:
-            requested = trainer.strategy.reduce_boolean_decision(requested, all=False)
-        if requested and self.saved_at_step is None:
-            trainer.save_checkpoint(self.checkpoint_path)
-            self.saved_at_step = trainer.global_step
-            trainer.should_stop = True
-            if trainer.is_global_zero:
-                print(f"resnorm-lm: SIGTERM: saved {self.checkpoint_path} at step {trainer.global_step}; "
-                      "continue with RESUME=last", flush=True)  # fmt: skip
+        if self.saved_at_step is None and self._requested_on_any_rank(trainer):
+            self._save(trainer)  # leave right after Lightning has logged this step's metrics:
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        if self.saved_at_step is not None:  # at the next batch,
+            self._leave()
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.saved_at_step is not None:  # before a validation pass would start,
+            self._leave()
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.saved_at_step is not None:  # or when that was the last step
+            self._leave()
+
+    def on_validation_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if trainer.sanity_checking or not self._requested_on_any_rank(trainer):
+            return
+        if trainer.state.fn == "fit":  # the weights are those of a finished step; after fit, last.ckpt is final
+            self._save(trainer)
+        self.saved_at_step = trainer.global_step
+        self._leave()
 
 
 @dataclass

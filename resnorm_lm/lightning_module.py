@@ -11,7 +11,7 @@ import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torchmetrics import SumMetric
+from torchmetrics import Metric
 
 from resnorm_lm.diagnostics import per_layer_grad_norms
 from resnorm_lm.faults import DivergenceConfig, DivergenceGuard
@@ -21,24 +21,47 @@ from resnorm_lm.optim import OptimConfig, build_optimizer
 IGNORE_INDEX = -100  # padded targets of the last evaluation window
 
 
-class EvalTotals(torch.nn.Module):
-    """Summed negative log-likelihood (nats) and target count of one split, synced across ranks."""
+class SplitMetric(Metric):
+    """One number of an evaluation split (loss, ppl, bpb, word_ppl or targets) from the summed NLL and
+    target count, which torchmetrics sums across ranks; logged as a Metric object, so Lightning knows
+    it is already reduced (no per-metric sync_dist warning, no second reduction)."""
 
-    def __init__(self) -> None:
+    full_state_update = False
+
+    def __init__(self, quantity: str) -> None:
         super().__init__()
-        self.nll = SumMetric()
-        self.targets = SumMetric()
+        self.quantity = quantity
+        self.split_sizes = (0, 0, 0)  # the whole split's targets, bytes and words: set before each pass
+        self.add_state("nll", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("targets", default=torch.tensor(0, dtype=torch.int64), dist_reduce_fx="sum")
 
     def update(self, nll_sum: torch.Tensor, n_targets: torch.Tensor) -> None:
-        self.nll.update(nll_sum)
-        self.targets.update(n_targets)
+        self.nll += nll_sum.double()
+        self.targets += n_targets
 
-    def compute(self) -> tuple[float, int]:
-        return float(self.nll.compute()), int(self.targets.compute())
+    def compute(self) -> torch.Tensor:
+        targets = int(self.targets)
+        values = split_metrics(float(self.nll), targets, *self.split_sizes)
+        return torch.tensor(targets if self.quantity == "targets" else values[self.quantity], dtype=torch.float64)
 
-    def reset(self) -> None:
-        self.nll.reset()
-        self.targets.reset()
+
+class SplitMetrics(torch.nn.ModuleDict):
+    """The ``SplitMetric`` of every quantity for one split."""
+
+    QUANTITIES = ("loss", "ppl", "bpb", "word_ppl", "targets")
+
+    def __init__(self) -> None:
+        super().__init__({q: SplitMetric(q) for q in self.QUANTITIES})
+
+    def start(self, split_targets: int, split_bytes: int, split_words: int) -> None:
+        for metric in self.values():
+            metric.split_sizes = (split_targets, split_bytes, split_words)
+
+    def available(self) -> list[str]:
+        """bpb needs the split's bytes and word_ppl its words (a corpus may define neither)."""
+        _, split_bytes, split_words = self["loss"].split_sizes
+        missing = {"bpb": not split_bytes, "word_ppl": not split_words}
+        return [q for q in self.QUANTITIES if not missing.get(q, False)]
 
 
 def split_metrics(nll: float, targets: int, split_targets: int, split_bytes: int, split_words: int) -> dict[str, float]:
@@ -88,8 +111,8 @@ class LanguageModel(L.LightningModule):
         self.model = GPT(self.arch)
         self.train_seconds_before = 0.0  # wall time of earlier segments of a resumed run
         self.fit_started_at = time.time()
-        self.val_totals = EvalTotals()
-        self.test_totals = EvalTotals()
+        self.val_metrics = SplitMetrics()
+        self.test_metrics = SplitMetrics()
 
     # ------------------------------------------------------------------ training
 
@@ -141,32 +164,37 @@ class LanguageModel(L.LightningModule):
 
     # ------------------------------------------------------------------ evaluation
 
-    def _eval_step(self, batch: tuple[torch.Tensor, torch.Tensor], totals: EvalTotals) -> None:
+    def _eval_step(self, batch: tuple[torch.Tensor, torch.Tensor], prefix: str, metrics: SplitMetrics) -> None:
         x, y = batch  # (B, T) each; padded targets are IGNORE_INDEX
         logits = self(x)  # (B, T, V)
         nll = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
-        totals.update(nll, (y != IGNORE_INDEX).sum())
+        n_targets = (y != IGNORE_INDEX).sum()
+        for quantity in metrics.available():
+            metrics[quantity].update(nll, n_targets)
+            self.log(
+                f"{prefix}/{quantity}", metrics[quantity], on_step=False, on_epoch=True, prog_bar=quantity == "ppl"
+            )
+
+    def _start_split(self, split: str, metrics: SplitMetrics) -> None:
+        dm = self.trainer.datamodule
+        if dm is None:  # a bare Trainer with loaders only: the pass's own targets, no bytes or words
+            metrics.start(0, 0, 0)
+            return
+        metrics.start(dm.eval_windows(split).n_targets, dm.split_bytes(split), dm.split_words(split))
+
+    def on_validation_epoch_start(self) -> None:
+        self._start_split("validation", self.val_metrics)
+
+    def on_test_epoch_start(self) -> None:
+        self._start_split("test", self.test_metrics)
 
     def validation_step(self, batch, batch_idx: int) -> None:
-        self._eval_step(batch, self.val_totals)
+        self._eval_step(batch, "val", self.val_metrics)
 
     def test_step(self, batch, batch_idx: int) -> None:
-        self._eval_step(batch, self.test_totals)
-
-    def _log_split(self, prefix: str, split: str, totals: EvalTotals) -> None:
-        nll, targets = totals.compute()
-        totals.reset()
-        dm = self.trainer.datamodule
-        split_targets = dm.eval_windows(split).n_targets if dm is not None else targets
-        split_bytes = dm.split_bytes(split) if dm is not None else 0
-        split_words = dm.split_words(split) if dm is not None else 0
-        metrics = split_metrics(nll, targets, split_targets, split_bytes, split_words)
-        metrics["targets"] = float(targets)
-        for key, value in metrics.items():  # already summed over ranks by torchmetrics: no further sync
-            self.log(f"{prefix}/{key}", value, prog_bar=key == "ppl", sync_dist=False)
+        self._eval_step(batch, "test", self.test_metrics)
 
     def on_validation_epoch_end(self) -> None:
-        self._log_split("val", "validation", self.val_totals)
         if not self.trainer.sanity_checking:
             self.last_validated_step = self.trainer.global_step
 
@@ -185,14 +213,12 @@ class LanguageModel(L.LightningModule):
         if self.trainer.global_step % max(self.trainer.log_every_n_steps, 1) == 0:
             self.log("time/train_s", self.train_seconds(), on_step=True, on_epoch=False)
 
-    def on_test_epoch_end(self) -> None:
-        self._log_split("test", "test", self.test_totals)
-
     # ------------------------------------------------------------------ checkpoints
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Add what Lightning does not save: RNG states, and the data identity for resume checks."""
         checkpoint["train_seconds"] = self.train_seconds()
+        checkpoint["precision"] = str(self.trainer.precision)  # a resumed run keeps it (precision: auto)
         checkpoint["divergence_guard"] = self.guard.state_dict()
         checkpoint["rng_states"] = {
             "python": random.getstate(),

@@ -17,6 +17,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_only
 
 from resnorm_lm.data.cache import write_json_atomic
+from resnorm_lm.precision import PrecisionChoice
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,8 +72,10 @@ def hardware() -> dict[str, Any]:
 class RunManifest(L.Callback):
     """Writes ``manifest.json`` at the start of fitting: code, versions, hardware, data, seed, profile."""
 
-    def __init__(self, run_dir: Path, run: RunConfig, seed: int | None) -> None:
-        self.run_dir, self.run, self.seed = run_dir, run, seed
+    def __init__(
+        self, run_dir: Path, run: RunConfig, seed: int | None, precision: PrecisionChoice | None = None
+    ) -> None:
+        self.run_dir, self.run, self.seed, self.precision = run_dir, run, seed, precision
 
     @rank_zero_only
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -96,6 +99,7 @@ class RunManifest(L.Callback):
                 "packages": package_versions(),
                 "hardware": hardware(),
                 "precision": str(trainer.precision),
+                "precision_reason": self.precision.reason if self.precision else None,
                 "world_size": trainer.world_size,
                 "data": data,
                 "parameters": sum(p.numel() for p in pl_module.parameters()),
@@ -127,10 +131,11 @@ def tokens_seen(trainer: L.Trainer, batch_size: int, block_size: int) -> int:
 
 def result_line(summary: dict[str, Any]) -> str:
     """``RESULT key=value ...``: the one line every training run ends with."""
-    keys = ["run", "step", "val_loss", "val_ppl", "val_bpb", "val_word_ppl", "tokens", "params", "wall_s", "diverged"]
+    keys = ["run", "step", "val_loss", "val_ppl", "val_bpb", "val_word_ppl", "tokens", "params", "wall_s", "diverged",
+            "preempted"]  # fmt: skip
     parts = []
     for key in keys:
-        if key in summary and summary[key] is not None:
+        if summary.get(key) is not None and not (key == "preempted" and not summary[key]):
             value = summary[key]
             parts.append(f"{key}={value:.4f}" if isinstance(value, float) else f"{key}={value}")
     return "RESULT " + " ".join(parts)

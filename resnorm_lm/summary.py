@@ -22,13 +22,14 @@ def finish_run(trainer: L.Trainer, model, datamodule, run: RunConfig, run_dir: P
     diverged = model.guard.diverged
     if not preempted and getattr(model, "last_validated_step", None) != trainer.global_step:
         trainer.validate(model, datamodule=datamodule, verbose=False)
-    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+    # a preempted run was not validated at its last step: no stale validation numbers in its summary
+    metrics = {} if preempted else {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
     summary = {
         "run": str(run_dir),
         "recipe": run.recipe,
         "profile": run.profile,
         "step": trainer.global_step,
-        "finished": trainer.global_step >= trainer.max_steps or diverged is not None,
+        "finished": not preempted and (trainer.global_step >= trainer.max_steps or diverged is not None),
         "preempted": preempted,
         "val_loss": metrics.get("val/loss"),
         "val_ppl": metrics.get("val/ppl"),
@@ -50,7 +51,7 @@ def finish_run(trainer: L.Trainer, model, datamodule, run: RunConfig, run_dir: P
             print(f"resnorm-lm: DIVERGED at step {summary['diverged_at_step']}: {summary['diverged_reason']}; "
                   "the last good checkpoint is checkpoints/last.ckpt", flush=True)  # fmt: skip
         print(result_line(summary), flush=True)
-        if run.sample_tokens > 0:
+        if run.sample_tokens > 0 and not preempted:
             print_sample(model, datamodule, run.sample_tokens)
     return summary
 

@@ -6,6 +6,8 @@ RESNORM_LM_FAULT="<where>:<step>[:<rank>]", where is one of
   save        SIGKILL between writing a checkpoint's temp file and renaming it, at <step>
   partial     SIGKILL halfway through writing a checkpoint's temp file, at <step>
   sigterm     SIGTERM to itself during <step> (a scheduler's preemption notice)
+  sigterm2    SIGTERM to itself twice during <step> (a scheduler, or a user, who insists)
+  sigterm_validation  SIGTERM to itself during the validation that follows <step>
   die         exit this rank abruptly at <step> (only on <rank>, default 1): a dead DDP worker
 """
 
@@ -60,11 +62,16 @@ class FaultProbe(L.Callback):
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         if self.where == "step" and trainer.global_step + 1 == self.step:
             _kill()
-        if self.where == "sigterm" and trainer.global_step + 1 == self.step:
+        if self.where in ("sigterm", "sigterm2") and trainer.global_step + 1 == self.step:
             _kill(signal.SIGTERM)
+            if self.where == "sigterm2":
+                _kill(signal.SIGTERM)
         if self.where == "die" and trainer.global_step + 1 == self.step and trainer.global_rank == self.rank:
             os._exit(1)
 
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
-        if self.where == "validation" and trainer.global_step == self.step and not trainer.sanity_checking:
-            _kill()
+        if trainer.global_step == self.step and not trainer.sanity_checking and batch_idx == 0:
+            if self.where == "validation":
+                _kill()
+            if self.where == "sigterm_validation":
+                _kill(signal.SIGTERM)

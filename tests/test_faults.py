@@ -74,17 +74,38 @@ def test_sigkill_at_any_point_then_resume_last_matches_an_uninterrupted_run(base
     assert_same_as_baseline(baseline, run_dir)
 
 
-def test_sigterm_saves_a_checkpoint_and_exits_then_resumes_exactly(baseline, tmp_path):
+def validated_steps(run_dir: Path) -> list[int]:
+    with (run_dir / "metrics.csv").open() as f:
+        return [int(row["step"]) for row in __import__("csv").DictReader(f) if row.get("val/loss")]
+
+
+@pytest.mark.parametrize("fault, step", [("sigterm:3", 3), ("sigterm_validation:2", 2)], ids=["step", "validation"])
+def test_sigterm_saves_records_and_exits_at_once_then_resumes_exactly(baseline, tmp_path, fault, step):
     tmp, corpus, root = baseline["tmp"], baseline["corpus"], tmp_path / "runs"
-    stopped = fit_process(tmp, corpus, root, "--run.checkpoint_every=100", fault="sigterm:3")
+    stopped = fit_process(tmp, corpus, root, "--run.checkpoint_every=100", "--run.sample_tokens=20", fault=fault)
     assert stopped.returncode == 143, stopped.stderr[-2000:]
-    assert "SIGTERM: saved" in stopped.stdout
+    assert "SIGTERM: saved" in stopped.stdout and "preempted=True" in stopped.stdout
+    assert "SAMPLE" not in stopped.stdout  # no end-of-run sample, and no end-of-run validation:
     run_dir = root / "prenorm-12l" / "smoke-seed1"
-    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 3
+    assert step not in validated_steps(run_dir) or fault.startswith("sigterm:")
+    assert all(s < step for s in validated_steps(run_dir))
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == step
     assert json.loads((run_dir / "manifest.json").read_text())["ended"]["preempted"] is True
+    summary = json.loads((run_dir / "eval.json").read_text())
+    assert summary["preempted"] is True and summary["finished"] is False and summary["val_loss"] is None
     resumed = fit_process(tmp, corpus, root, "--run.checkpoint_every=100", "--ckpt_path=last")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert json.loads((run_dir / "eval.json").read_text())["finished"] is True
     assert_same_as_baseline(baseline, run_dir)
+
+
+def test_a_second_sigterm_exits_at_once(baseline, tmp_path):
+    tmp, corpus, root = baseline["tmp"], baseline["corpus"], tmp_path / "runs"
+    stopped = fit_process(tmp, corpus, root, "--run.checkpoint_every=1", fault="sigterm2:3")
+    assert stopped.returncode == 143, stopped.stderr[-2000:]
+    assert "SIGTERM: saved" not in stopped.stdout  # it did not wait for the end of the step
+    run_dir = root / "prenorm-12l" / "smoke-seed1"
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 2
 
 
 def test_a_dead_ddp_rank_ends_the_job_with_an_error_not_a_hang(baseline, tmp_path):

@@ -12,7 +12,6 @@ import pytest
 import torch
 import yaml
 
-from resnorm_lm.cli import UsageError, resolve_precision
 from resnorm_lm.data import prepare
 from resnorm_lm.data.sampling import ResumableBatchSampler
 from resnorm_lm.model import GPT, GPTConfig
@@ -103,20 +102,7 @@ def test_bad_config_fails_before_any_work(override, message, tmp_path, corpus, c
     assert not (tmp_path / "runs").exists()
 
 
-# ---------------------------------------------------------------- precision, schedule
-
-
-def test_precision_on_cpu():
-    assert resolve_precision("bf16-mixed", cuda=False) == "bf16-mixed"
-    assert resolve_precision("32-true", cuda=False) == "32-true"
-    assert resolve_precision("16-mixed", cuda=True) == "16-mixed"
-    with pytest.raises(UsageError, match="16-true is refused on CPU: fp16 weights"):
-        resolve_precision("16-true", cuda=False)
-
-
-def test_16_mixed_on_cpu_is_an_explicit_switch_to_bf16(capsys):
-    assert resolve_precision("16-mixed", cuda=False) == "bf16-mixed"
-    assert "switching to bf16-mixed on CPU" in capsys.readouterr().err
+# ---------------------------------------------------------------- schedule
 
 
 def test_warmup_then_cosine_to_the_floor():
