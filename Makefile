@@ -17,6 +17,9 @@ DATA ?= shakespeare
 RUNS ?=
 RECIPES ?=
 SEEDS ?= 1
+LRS ?=
+WARMUPS ?=
+JOBS ?= 1
 
 AVX2_ONLY := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
 NUMERIC_TESTS := tests/test_norms.py tests/test_norm_properties.py tests/test_triton_kernels.py \
@@ -62,8 +65,9 @@ eval: $(STAMP) ## Perplexity table for RUNS="<run dirs or ckpts>"
 	@test -n "$(RUNS)" || { echo 'make eval: give RUNS="runs/<recipe>/<profile>-seed<k> ..." (run directories or .ckpt files)'; exit 2; }
 	$(PY) -m resnorm_lm eval $(RUNS) $(ARGS)
 
-compare: $(STAMP) ## Train what is missing of RECIPES="..." [SEEDS=...], evaluate, write tables and plots
-	$(PY) -m resnorm_lm compare --profile $(PROFILE) --seeds $(SEEDS) $(if $(RECIPES),--recipes $(RECIPES)) $(ARGS)
+compare: $(STAMP) ## Sweep RECIPES="..." over [LRS="..."] [WARMUPS="..."], pick on val, test at the pick [SEEDS=...] [JOBS=n]
+	$(PY) -m resnorm_lm compare --profile $(PROFILE) --seeds $(SEEDS) --jobs $(JOBS) $(if $(RECIPES),--recipes $(RECIPES)) \
+		$(if $(LRS),--lrs $(LRS)) $(if $(WARMUPS),--warmups $(WARMUPS)) $(ARGS)
 
 bench: $(STAMP) ## Training-loop and norm benchmarks on this machine
 	$(PY) benchmarks/bench_training.py $(ARGS)

@@ -11,19 +11,19 @@ import math
 import sys
 from typing import Any
 
-import lightning as L
-import torch
 from lightning.pytorch.utilities import rank_zero_only
 
 from resnorm_lm.checkpoints import CheckpointError, LoadedRun, load_run
 from resnorm_lm.data.cache import write_csv_atomic, write_json_atomic
+from resnorm_lm.precision import AUTO, resolve_precision, uses_cuda
+from resnorm_lm.trainer import Trainer
 
 SPLITS = {"validation": ("validate", "val"), "test": ("test", "test")}
 
 
 def evaluate_run(run: LoadedRun, splits: list[str], precision: str, devices: int, progress: bool = True) -> dict:
     """Every token of each split exactly once (non-overlapping windows, the tail included)."""
-    trainer = L.Trainer(accelerator="auto", devices=devices, precision=precision, logger=False,
+    trainer = Trainer(accelerator="auto", devices=devices, precision=precision, logger=False,
                         enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=progress,
                         limit_val_batches=1.0, limit_test_batches=1.0)  # fmt: skip
     dm = run.datamodule
@@ -88,10 +88,12 @@ def flatten(name: str, facts: dict[str, Any], results: dict[str, Any]) -> dict[s
     return row
 
 
-def evaluate_paths(paths: list[str], splits: list[str], precision: str = "32-true", devices: int = 1,
+def evaluate_paths(paths: list[str], splits: list[str], precision: str = AUTO, devices: int = 1,
                    cache_dir: str | None = None, progress: bool = True) -> list[dict[str, Any]]:  # fmt: skip
     """Evaluate each run, merge the results into its eval.json, and return one flat row per run."""
     rows, identities = [], set()
+    if precision == AUTO and rank_zero_only.rank == 0:
+        print(f"resnorm-lm eval: {resolve_precision(AUTO, uses_cuda('auto')).describe()}", file=sys.stderr)
     for path in paths:
         run = load_run(path, cache_dir=cache_dir)
         if not progress:
@@ -104,7 +106,9 @@ def evaluate_paths(paths: list[str], splits: list[str], precision: str = "32-tru
         if run.run_dir is not None and rank_zero_only.rank == 0:
             summary_path = run.run_dir / "eval.json"
             summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-            summary["eval"] = {"checkpoint": str(run.checkpoint), "step": run.global_step, **results}
+            earlier = summary.get("eval") or {}
+            kept = earlier if earlier.get("step") == run.global_step else {}  # other splits of the same weights
+            summary["eval"] = {**kept, "checkpoint": str(run.checkpoint), "step": run.global_step, **results}
             write_json_atomic(summary_path, summary)
     for row in rows:
         row["comparable"] = len(identities) == 1
@@ -116,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("runs", nargs="+", help="run directories (their last.ckpt) or .ckpt files")
     parser.add_argument("--split", nargs="+", choices=sorted(SPLITS), default=["validation", "test"])
-    parser.add_argument("--precision", default="32-true" if not torch.cuda.is_available() else "bf16-mixed")
+    parser.add_argument("--precision", default=AUTO,
+                        help="auto (default): bf16-mixed where this hardware runs bf16 fast, else 32-true on CPU "
+                             "(16-mixed on GPUs without bf16); or any Lightning precision")  # fmt: skip
     parser.add_argument("--devices", type=int, default=1, help="GPUs (or CPU processes) to shard the windows over")
     parser.add_argument("--csv", help="also write the table as CSV here")
     args = parser.parse_args(argv)

@@ -235,7 +235,8 @@ class LanguageModel(L.LightningModule):
         saved = checkpoint.get("hyper_parameters", {}).get("arch")
         if saved is None:
             raise ValueError("not a resnorm-lm checkpoint: it has no 'arch' hyperparameters")
-        current = asdict(self.arch)
+        current, defaults = asdict(self.arch), asdict(GPTConfig())
+        saved = {**defaults, **saved}  # a key added since the checkpoint was written has its default there
         diff = {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v}
         if diff:
             details = ", ".join(f"{k}: checkpoint {a!r} vs config {b!r}" for k, (a, b) in sorted(diff.items()))

@@ -28,6 +28,7 @@ class GPTConfig:
     norm: str = "layernorm"  # layernorm | rmsnorm | scalenorm | dyt | none
     norm_backend: str = "torch"  # torch | triton
     norm_eps: float = 1e-5  # inside the square root: (x - mean) / sqrt(var + eps)
+    tie_embeddings: bool = True  # the LM head shares the token embedding matrix (False: its own matrix)
     placement: str = (
         "prenorm"  # postnorm | prenorm | sandwich | deepnorm | rezero | mixln | lns | b2t | resi_dual | noresidual
     )
@@ -112,7 +113,8 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """Token + learned position embeddings, N blocks, a readout, and a tied LM head."""
+    """Token + learned position embeddings, N blocks, a readout, and an LM head (tied to the token
+    embedding unless ``tie_embeddings`` is False)."""
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
@@ -125,7 +127,8 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList([Block(cfg, layer) for layer in range(cfg.n_layer)])
         self.readout = placement.build_readout(norm_factory(cfg))
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
-        self.lm_head.weight = self.wte.weight  # tied input/output embeddings
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.wte.weight  # tied input/output embeddings
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

@@ -69,7 +69,8 @@ def choose_auto(cuda: bool) -> PrecisionChoice:
             return PrecisionChoice("bf16-mixed", f"{torch.cuda.get_device_name()} supports bf16")
         return PrecisionChoice("16-mixed", f"{torch.cuda.get_device_name()} has no bf16: fp16 with a grad scaler")
     speedup = cpu_bf16_speedup()
-    measured = f"a {PROBE_SIZE}x{PROBE_SIZE} bf16 matmul ran {speedup:.2f}x the speed of fp32 on this CPU"
+    relative = f"{speedup:.2f}x as fast as" if speedup >= 1 else f"{1 / speedup:.0f}x slower than"
+    measured = f"a {PROBE_SIZE}x{PROBE_SIZE} bf16 matmul ran {relative} fp32 on this CPU"
     if speedup >= BF16_MIN_SPEEDUP:
         return PrecisionChoice("bf16-mixed", measured)
     return PrecisionChoice("32-true", f"{measured}: no fast native bf16 here")

@@ -28,6 +28,7 @@ class RunConfig:
 
     recipe: str = "custom"  # recipe name: runs/<recipe>/...
     profile: str = "custom"  # profile name: runs/<recipe>/<profile>-seed<k>
+    tag: str = ""  # a sweep setting such as lr1e-3-wu200: runs/<recipe>/<profile>-<tag>-seed<k>
     root: str = "runs"  # parent of all run directories
     checkpoint_every: int = 100  # save checkpoints/last.ckpt every N optimizer steps (and at the end)
     dist_timeout_s: int = 120  # collective-op timeout under DDP: a dead rank ends the job, not a hang
@@ -36,7 +37,8 @@ class RunConfig:
 
 
 def run_directory(run: RunConfig, seed: int | None) -> Path:
-    return Path(run.root) / run.recipe / f"{run.profile}-seed{seed if seed is not None else 'none'}"
+    tag = f"-{run.tag}" if run.tag else ""
+    return Path(run.root) / run.recipe / f"{run.profile}{tag}-seed{seed if seed is not None else 'none'}"
 
 
 def code_revision() -> str:

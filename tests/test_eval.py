@@ -108,10 +108,10 @@ def test_compare_trains_missing_resumes_unfinished_and_reuses_finished(tmp_path,
     proc = subprocess.run([sys.executable, "-m", "resnorm_lm", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO)))  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "resuming postnorm-12l (smoke, seed 1)" in proc.stdout
+    assert "resuming postnorm-12l (smoke, recipe lr, warmup of the recipe, seed 1)" in proc.stdout
     assert proc.stdout.count("compare: training") == 3
     table = (results / "smoke" / "compare.md").read_text()
-    assert "| prenorm-12l |" in table and "| postnorm-12l |" in table and " ± " in table
+    assert "| prenorm-12l | - | - | 2 |" in table and "| postnorm-12l |" in table and " ± " in table
     rows = (results / "smoke" / "compare.csv").read_text().splitlines()
     assert rows[0].startswith("recipe,") and len(rows) == 3
     assert (results / "smoke" / "loss_curves.png").stat().st_size > 10_000

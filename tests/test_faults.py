@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from resnorm_lm.cli import main
-from resnorm_lm.compare import aggregate, markdown_table
+from resnorm_lm.compare import grid_rows, markdown_report, recipe_row
 from resnorm_lm.faults import AtomicCheckpointIO, DivergenceConfig, DivergenceGuard
+from resnorm_lm.sweep import RunOutcome, RunSpec, Setting, select
 from tests.train_helpers import final_weights, run_cli, smoke_args, train_losses, write_corpus
 
 REPO = Path(__file__).resolve().parents[1]
@@ -190,14 +191,14 @@ def test_skip_mode_counts_skipped_steps(baseline, tmp_path, capsys):
 
 
 def test_compare_shows_diverged_runs_as_diverged():
-    rows = [{"validation_loss": 5.0, "validation_bpb": 2.0, "diverged": False},
-            {"validation_loss": float("nan"), "diverged": True}]  # fmt: skip
-    table = [aggregate("postnorm-12l-nowarmup", rows, [1, 2]), aggregate("prenorm-12l", [], [1])]
-    assert table[0]["status"] == "diverged 1/2" and table[0]["n_diverged"] == 1
-    assert table[0]["val_loss_mean"] == 5.0  # the mean is over the runs that did not diverge
-    assert table[1]["status"] == "missing 1/1"
-    text = markdown_table(table, "cpu", "make compare")
-    assert "diverged 1/2" in text and "| prenorm-12l | diverged |" in text
+    spec = RunSpec("postnorm-12l-nowarmup", Setting(2e-3, 0), 1)
+    every_seed_diverged = select(spec.recipe, [RunOutcome(spec, None, diverged=True)])
+    row = recipe_row(every_seed_diverged, {}, unigram=6.4)
+    assert row["status"] == "diverged at every setting (1 runs)" and "val_loss_mean" not in row
+    grid = grid_rows({spec.recipe: every_seed_diverged}, unigram=6.4)
+    assert grid[0]["status"] == "diverged 1/1" and grid[0]["val_loss_mean"] is None
+    text = markdown_report([row], grid, "cpu", "make compare", 6.4, "a CPU")
+    assert "| postnorm-12l-nowarmup | - | - | 0 | - | - | - | - | - | diverged at every setting (1 runs) |" in text
 
 
 # ---------------------------------------------------------------- atomic checkpoint files

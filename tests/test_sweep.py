@@ -1,0 +1,166 @@
+"""Sweeps: the grid, the selection rule (validation picks, test reports), not learning vs diverged,
+the unigram reference, the cost estimate, untied embeddings, and a tiny real sweep with an interruption."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from resnorm_lm.data.unigram import unigram_cross_entropy
+from resnorm_lm.model import GPT, GPTConfig
+from resnorm_lm.sweep import RunOutcome, RunSpec, Setting, estimate_seconds, expand_grid, grid_settings, select
+from tests.train_helpers import WORDS
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def outcomes(recipe: str, table: dict[tuple[float, int], list[float | None]]) -> list[RunOutcome]:
+    """{(lr, warmup): [val loss per seed, None = diverged]} as run outcomes."""
+    out = []
+    for (lr, warmup), losses in table.items():
+        for seed, loss in enumerate(losses, 1):
+            out.append(RunOutcome(RunSpec(recipe, Setting(lr, warmup), seed), loss, diverged=loss is None))
+    return out
+
+
+def test_grid_expansion_tags_and_overrides():
+    settings = grid_settings([5e-4, 1e-3], [50, 200])
+    assert [s.tag for s in settings] == ["lr0.0005-wu50", "lr0.0005-wu200", "lr0.001-wu50", "lr0.001-wu200"]
+    assert Setting(1e-3, 200).overrides() == ["--model.optim.lr=0.001", "--model.optim.warmup_steps=200"]
+    assert grid_settings(None, None) == [Setting()] and Setting().tag == "" and Setting().overrides() == []
+    assert grid_settings(None, [0])[0].tag == "wu0"
+    specs = expand_grid(["a", "b"], settings, [1, 2])
+    assert len(specs) == 16 and len(set(specs)) == 16
+    assert specs[0].run_dir("runs", "cpu") == Path("runs/a/cpu-lr0.0005-wu50-seed1")
+    assert RunSpec("a", Setting(), 3).run_dir("runs", "cpu") == Path("runs/a/cpu-seed3")  # as plain make train
+
+
+def test_validation_picks_by_mean_over_seeds_and_a_setting_with_a_diverged_seed_is_not_picked():
+    sel = select("postnorm-12l", outcomes("postnorm-12l", {
+        (5e-4, 200): [5.40, 5.42, 5.41],
+        (1e-3, 200): [5.30, 5.50, 5.34],  # mean 5.38: best by mean, not by its best seed
+        (2e-3, 200): [5.10, None, 5.12],  # lowest losses, but one seed diverged
+    }))  # fmt: skip
+    assert sel.chosen.setting == Setting(1e-3, 200)
+    assert sel.chosen.mean == pytest.approx(5.38)
+    assert sel.lr_edge is None  # 1e-3 lies inside the grid
+    assert sel.scores[-1].setting.lr == 2e-3 and math.isinf(sel.scores[-1].mean)
+
+
+def test_lr_at_the_edge_of_the_grid_is_flagged():
+    low = select("x", outcomes("x", {(5e-4, 200): [5.0], (1e-3, 200): [5.2], (2e-3, 200): [5.4]}))
+    high = select("x", outcomes("x", {(5e-4, 200): [5.4], (1e-3, 200): [5.2], (2e-3, 200): [5.0]}))
+    assert low.lr_edge == "lowest" and high.lr_edge == "highest"
+    assert select("x", outcomes("x", {(1e-3, 200): [5.0], (1e-3, 50): [5.1]})).lr_edge is None  # one lr: no edge
+
+
+def test_the_runner_up_gets_seeds_only_when_within_the_seed_spread():
+    close = select("x", outcomes("x", {(1e-3, 200): [5.00, 5.10, 4.90], (2e-3, 200): [5.05]}))
+    assert close.confirm == [Setting(1e-3, 200), Setting(2e-3, 200)]  # 0.05 apart, spread 0.1
+    far = select("x", outcomes("x", {(1e-3, 200): [5.00, 5.01, 4.99], (2e-3, 200): [5.30]}))
+    assert far.confirm == [Setting(1e-3, 200)]
+    nothing = select("x", outcomes("x", {(1e-3, 200): [None]}))
+    assert nothing.chosen is None and nothing.confirm == []
+
+
+def test_not_learning_is_apart_from_diverged():
+    unigram = 6.40
+    spec = RunSpec("x", Setting(), 1)
+    assert RunOutcome(spec, 6.35).not_learning(unigram)  # within 0.1 nats of the unigram level
+    assert RunOutcome(spec, 6.90).not_learning(unigram)  # worse than unigram
+    assert not RunOutcome(spec, 6.25).not_learning(unigram)  # learned something beyond frequencies
+    assert not RunOutcome(spec, None, diverged=True).not_learning(unigram)  # diverged is its own verdict
+
+
+def test_unigram_reference_is_the_cross_entropy_of_train_frequencies():
+    train = np.array([0, 0, 0, 1, 2, 2], dtype=np.uint16)
+    val = np.array([3, 0, 2, 1], dtype=np.uint16)  # targets: 0, 2, 1 (the first token predicts nothing)
+    prepared = SimpleNamespace(manifest=SimpleNamespace(vocab_size=4), tokens=lambda s: {"train": train, "v": val}[s])
+    # add-one counts 4, 2, 3, 1 over 10
+    want = -(math.log(4 / 10) + math.log(3 / 10) + math.log(2 / 10)) / 3
+    assert unigram_cross_entropy(prepared, "v") == pytest.approx(want)
+
+
+def test_cost_estimate():
+    assert estimate_seconds(10, 500, 0.5, jobs=1) == 2500
+    assert estimate_seconds(10, 500, 0.5, jobs=4) == 750  # 3 rounds of 4
+    assert estimate_seconds(3, 500, None, jobs=1) is None and estimate_seconds(0, 500, None, jobs=1) == 0
+
+
+def test_untied_embeddings_have_their_own_head():
+    cfg = dict(vocab_size=50, block_size=8, n_layer=2, n_head=2, n_embd=16)
+    tied, untied = GPT(GPTConfig(**cfg)), GPT(GPTConfig(**cfg, tie_embeddings=False))
+    assert tied.lm_head.weight is tied.wte.weight
+    assert untied.lm_head.weight is not untied.wte.weight
+    assert untied.num_parameters() == tied.num_parameters() + 50 * 16
+    _, loss = untied(torch.randint(0, 50, (2, 8)), torch.randint(0, 50, (2, 8)))
+    loss.backward()
+    assert untied.lm_head.weight.grad is not None and untied.wte.weight.grad is not None
+
+
+def write_learnable_corpus(folder: Path, n_files: int = 20, words_per_file: int = 300) -> str:
+    """Text in which each word is followed by one of two others: context beats word frequencies by far."""
+    rng = np.random.RandomState(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(n_files):
+        word, words = int(rng.randint(len(WORDS))), []
+        for _ in range(words_per_file):
+            words.append(WORDS[word])
+            word = (7 * word + 1 + int(rng.randint(2))) % len(WORDS)
+        (folder / f"part{i:02d}.txt").write_text(" ".join(words) + "\n")
+    return str(folder / "*.txt")
+
+
+def compare(tmp_path: Path, corpus: str, *extra: str, train_args: str = "") -> subprocess.CompletedProcess:
+    args = ["compare", "--recipes", "prenorm-12l", "--profile", "smoke", "--lrs", "1e-5", "3e-3", "--warmups", "2",
+            "--seeds", "1", "2", "--root", str(tmp_path / "runs"), "--results", str(tmp_path / "results"),
+            "--train-args", f"--data.corpus=text --data.files=[{corpus}] --data.cache_dir={tmp_path / 'cache'} "
+            f"--trainer.enable_progress_bar=false --trainer.max_steps=100 --trainer.val_check_interval=100 {train_args}",
+            *extra]  # fmt: skip
+    return subprocess.run([sys.executable, "-m", "resnorm_lm", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=900, env=dict(os.environ, PYTHONPATH=str(REPO)))  # fmt: skip
+
+
+def test_a_tiny_sweep_interrupted_then_finished_picks_on_validation_and_tests_only_the_pick(tmp_path):
+    corpus = write_learnable_corpus(tmp_path / "corpus")
+    # interrupted: every grid run stops at step 30 of 100 (as if the machine went away)
+    first = compare(tmp_path, corpus, train_args="--run.stop_after_steps=30")
+    assert first.returncode == 1, first.stderr[-3000:]
+    assert "compare: grid: 2 runs, 0 finished, 2 to train" in first.stdout
+    assert "no finished runs to compare" in first.stderr
+    second = compare(tmp_path, corpus)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "compare: grid: 2 runs, 0 finished, 2 to train (2 to resume)" in second.stdout
+    assert second.stdout.count("compare: resuming prenorm-12l") == 2
+    runs = tmp_path / "runs" / "prenorm-12l"
+    grid = list(csv.DictReader((tmp_path / "results" / "smoke" / "grid.csv").open()))
+    assert {(float(g["lr"]), int(g["warmup"])) for g in grid} == {(1e-5, 2), (3e-3, 2)}
+    best = min(grid, key=lambda g: float(g["val_loss_mean"]))
+    assert best["chosen"] == "True" and float(best["lr"]) == 3e-3
+    stuck = next(g for g in grid if float(g["lr"]) == 1e-5)
+    assert stuck["status"].startswith("not learning")  # lr 1e-5 for 100 steps stays at the unigram level
+    table = list(csv.DictReader((tmp_path / "results" / "smoke" / "compare.csv").open()))
+    assert len(table) == 1 and float(table[0]["lr"]) == 3e-3 and table[0]["n_seeds"] == "2"
+    assert table[0]["status"] == "ok" and float(table[0]["val_loss_mean"]) < float(table[0]["unigram_loss"]) - 0.1
+    assert table[0]["lr_edge"] == "highest" and "(highest of grid)" in second.stdout
+    assert float(table[0]["test_loss_mean"]) > 0
+    for run_dir in runs.iterdir():  # test evaluated at the chosen setting only
+        evaluation = json.loads((run_dir / "eval.json").read_text())["eval"]
+        assert ("test" in evaluation) == ("lr0.003" in run_dir.name), run_dir.name
+    assert sorted(p.name for p in runs.iterdir()) == ["smoke-lr0.003-wu2-seed1", "smoke-lr0.003-wu2-seed2",
+                                                      "smoke-lr1e-05-wu2-seed1"]  # fmt: skip
+    for plot in ("lr_sensitivity.png", "loss_curves.png", "grad_norms.png"):
+        assert (tmp_path / "results" / "smoke" / plot).stat().st_size > 10_000, plot
+    third = compare(tmp_path, corpus)  # everything finished: nothing trained or evaluated again
+    assert third.returncode == 0 and "compare: training" not in third.stdout and "resuming" not in third.stdout
+    assert "nothing to train" in third.stdout
