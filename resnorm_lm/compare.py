@@ -423,7 +423,10 @@ def main(argv: list[str] | None = None) -> int:
     at_chosen = {r: [d for s, d in runs.items() if s.recipe == r and sel.chosen and s.setting == sel.chosen.setting]
                  for r, sel in selections.items()}  # fmt: skip
     at_chosen = {r: dirs for r, dirs in at_chosen.items() if dirs}
-    plot_lr_sensitivity(grid, unigram, out_dir)
+    if args.lrs:
+        plot_lr_sensitivity(grid, unigram, out_dir)
+    else:
+        print("compare: no LRS grid: lr_sensitivity.png not drawn")
     if at_chosen:
         plot_loss_curves(at_chosen, out_dir)
         plot_grad_norms(at_chosen, out_dir)

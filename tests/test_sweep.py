@@ -125,7 +125,8 @@ def compare(tmp_path: Path, corpus: str, *extra: str, train_args: str = "") -> s
     args = ["compare", "--recipes", "prenorm-12l", "--profile", "smoke", "--lrs", "1e-5", "3e-3", "--warmups", "2",
             "--seeds", "1", "2", "--root", str(tmp_path / "runs"), "--results", str(tmp_path / "results"),
             "--train-args", f"--data.corpus=text --data.files=[{corpus}] --data.cache_dir={tmp_path / 'cache'} "
-            f"--trainer.enable_progress_bar=false --trainer.max_steps=100 --trainer.val_check_interval=100 {train_args}",
+            "--trainer.enable_progress_bar=false --trainer.max_steps=100 --trainer.val_check_interval=100 "
+            f"{train_args}",
             *extra]  # fmt: skip
     return subprocess.run([sys.executable, "-m", "resnorm_lm", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=900, env=dict(os.environ, PYTHONPATH=str(REPO)))  # fmt: skip
