@@ -57,8 +57,8 @@ def copy_bandwidth(device) -> float:
 def bench_case(norm, with_d, dtype, n, rows, device, copy_gbs):
     from triton.testing import do_bench
 
-    from resnorm_lm.kernels.add_norm import add_norm
-    from resnorm_lm.kernels.add_norm import norm as fused_norm
+    from resnorm_lm.kernels.add_norm_ops import add_norm
+    from resnorm_lm.kernels.add_norm_ops import norm as fused_norm
 
     is_rms = norm == "rmsnorm"
     x = torch.randn(rows, n, dtype=dtype, device=device, requires_grad=True)
@@ -96,7 +96,7 @@ def bench_case(norm, with_d, dtype, n, rows, device, copy_gbs):
 
 
 def interpreter_smoke() -> int:
-    from resnorm_lm.kernels.add_norm import add_norm
+    from resnorm_lm.kernels.add_norm_ops import add_norm
 
     x, d = torch.randn(256, 768), torch.randn(256, 768)
     w, b = torch.randn(768), torch.randn(768)

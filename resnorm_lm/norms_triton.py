@@ -2,14 +2,15 @@
 
 Each subclasses the torch-backend module, so parameters, init and state-dict
 keys are exactly torch's (gamma=1, beta=0; no bias parameter when bias=False),
-and only ``forward`` and ``add_norm`` change: one kernel instead of two ops.
+and only ``forward`` and ``add_norm`` change: one kernel instead of two ops, called through
+the custom operators of ``resnorm_lm.kernels.add_norm_ops`` (so torch.compile traces them).
 """
 
 from __future__ import annotations
 
 import torch
 
-from resnorm_lm.kernels import add_norm as kernels
+from resnorm_lm.kernels import add_norm_ops as kernels
 from resnorm_lm.norms import LayerNorm, RMSNorm
 
 

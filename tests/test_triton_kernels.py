@@ -179,3 +179,39 @@ def test_kernel_benchmark_smoke_under_the_interpreter():
     proc = subprocess.run([sys.executable, "benchmarks/bench_kernels.py"], cwd=root, env=env, capture_output=True,
                           text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 0 and "no CUDA GPU" in proc.stdout
+
+
+def test_custom_operators_pass_opcheck():
+    """Schema, fake tensors, autograd registration and dynamic-shape tracing of the three operators."""
+    from resnorm_lm.kernels import add_norm_ops as ops
+
+    x, d, dy = (torch.randn(5, 3, 16, requires_grad=True) for _ in range(3))
+    w, b = torch.randn(16, requires_grad=True), torch.randn(16, requires_grad=True)
+    for bias, is_rms in ((b, False), (None, False), (None, True)):
+        torch.library.opcheck(ops.add_norm_fwd, (x, d, w, bias, 1e-5, is_rms, None))
+        torch.library.opcheck(ops.norm_fwd, (x, w, bias, 1e-5, is_rms))
+        _, s, mean, rstd = ops.add_norm_fwd(x, d, w, bias, 1e-5, is_rms, None)
+        args = (dy.detach(), dy.detach(), s.detach(), w.detach(), None if bias is None else b.detach(), mean, rstd)
+        torch.library.opcheck(ops.add_norm_bwd, (*args, is_rms, torch.float32))
+
+
+@pytest.mark.parametrize("placement", ["prenorm", "postnorm"])
+def test_torch_compile_traces_the_fused_kernels_with_dynamic_shapes(placement):
+    """Compiled as one graph (fullgraph), then called with new batch shapes, as evaluation and generation
+    do: the crash of issue 13 (Dynamo tracing the Triton launch with symbolic sizes) cannot come back."""
+    cfg = GPTConfig(vocab_size=101, block_size=16, n_layer=2, n_head=2, n_embd=32, placement=placement,
+                    norm_backend="triton")  # fmt: skip
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    compiled = torch.compile(model, backend="aot_eager", dynamic=True, fullgraph=True)
+    for batch, length in ((4, 16), (3, 11), (1, 5)):  # a training batch, then evaluation batches
+        idx, tgt = torch.randint(0, 101, (batch, length)), torch.randint(0, 101, (batch, length))
+        logits, loss = compiled(idx, tgt)
+        ref_logits, ref_loss = model(idx, tgt)
+        torch.testing.assert_close(logits, ref_logits)
+        grads = torch.autograd.grad(loss, list(model.parameters()))
+        ref_grads = torch.autograd.grad(ref_loss, list(model.parameters()))
+        for g, r in zip(grads, ref_grads):
+            torch.testing.assert_close(g, r)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(idx)[0], ref_logits)
