@@ -170,8 +170,11 @@ class ResnormCLI(LightningCLI):
             plugins=[AtomicCheckpointIO()],
         )
         strategy = trainer_cfg.get("strategy")
-        if strategy == "ddp":  # the string gives the default 30-minute timeout: a dead rank would hang the job
-            kwargs["strategy"] = DDPStrategy(timeout=timedelta(seconds=run.dist_timeout_s))
+        if strategy == "ddp":
+            if processes(trainer_cfg) == 1:  # no DDP wrapper (and its per-step cost) around a single device
+                kwargs["strategy"] = "auto"
+            else:  # the string gives the default 30-minute timeout: a dead rank would hang the job
+                kwargs["strategy"] = DDPStrategy(timeout=timedelta(seconds=run.dist_timeout_s))
         return super().instantiate_trainer(**kwargs)
 
     # ------------------------------------------------------------------ after training
@@ -184,6 +187,18 @@ class ResnormCLI(LightningCLI):
         from resnorm_lm.summary import finish_run
 
         return finish_run(self.trainer, self.model, self.datamodule, self.run_config, self.run_dir, preempted)
+
+
+def processes(trainer_cfg: dict) -> int:
+    """How many training processes the trainer settings ask for: devices on this node x nodes."""
+    devices, accelerator = trainer_cfg.get("devices", "auto"), str(trainer_cfg.get("accelerator", "auto"))
+    if isinstance(devices, (list, tuple)):
+        count = len(devices)
+    elif str(devices) in ("-1", "auto"):
+        count = torch.cuda.device_count() if uses_cuda(accelerator) else 1
+    else:
+        count = int(devices)
+    return count * int(trainer_cfg.get("num_nodes") or 1)
 
 
 def recorded_precision(run_dir: Path) -> str | None:

@@ -64,8 +64,13 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, max_steps: int) -> tuple
     """AdamW over ``parameter_groups`` and a per-step LambdaLR of ``warmup_cosine``."""
     if max_steps is None or max_steps <= 0:
         raise ValueError("the cosine schedule needs --trainer.max_steps > 0 (the profiles set it)")
+    on_cuda = all(p.is_cuda for p in model.parameters())  # one fused kernel per step instead of a loop
     optimizer = torch.optim.AdamW(
-        parameter_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps
+        parameter_groups(model, cfg.weight_decay),
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        eps=cfg.eps,
+        fused=True if on_cuda else None,
     )
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer,

@@ -252,3 +252,24 @@ def test_compiled_model_trains_and_its_checkpoint_loads_uncompiled(tmp_path, cor
 
     run = load_run(root / "prenorm-12l" / "smoke-seed1")  # plain module, the same state-dict keys
     assert run.global_step == 3
+
+
+def test_ddp_is_asked_for_only_with_more_than_one_process(monkeypatch):
+    from resnorm_lm.cli import processes
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert processes({"accelerator": "gpu", "devices": -1}) == 1  # the gpu profile on a one-GPU machine: no DDP
+    assert processes({"accelerator": "gpu", "devices": -1, "num_nodes": 2}) == 2
+    assert processes({"accelerator": "cpu", "devices": 2}) == 2
+    assert processes({"accelerator": "gpu", "devices": [0, 1]}) == 2
+    assert processes({"accelerator": "cpu", "devices": "auto"}) == 1
+
+
+def test_a_single_device_run_gets_no_ddp_wrapper(tmp_path, corpus):
+    from resnorm_lm.cli import ResnormCLI
+    from resnorm_lm.recipes import expand_recipe_arguments
+
+    args = expand_recipe_arguments(smoke_args(tmp_path, corpus, f"--run.root={tmp_path}", "--trainer.strategy=ddp"))
+    cli = ResnormCLI(args=args[1:], run=False)  # without the subcommand: build, do not run
+    assert type(cli.trainer.strategy).__name__ == "SingleDeviceStrategy"
