@@ -30,6 +30,14 @@ def recipe_path(name: str, root: Path = RECIPES_DIR) -> Path:
     return path
 
 
+def tuned_path(recipe: str, profile: str, root: Path = RECIPES_DIR) -> Path | None:
+    """``recipes/tuned/<profile>/<recipe>.yaml``: the learning rate and warmup a sweep found best for this
+    recipe at this profile's scale, applied on top of the recipe (a setting tuned at one scale does not
+    carry to another, so it lives beside the profile, not in the recipe)."""
+    path = root / "tuned" / profile / f"{recipe}.yaml"
+    return path if path.is_file() else None
+
+
 def resolve_profile(name: str, root: Path = RECIPES_DIR) -> str:
     """``auto`` picks ``gpu`` when CUDA is available and ``cpu`` otherwise, and says which."""
     if name == "auto":
@@ -60,7 +68,8 @@ def _take_option(args: list[str], name: str) -> tuple[list[str], str | None]:
 
 
 def expand_recipe_arguments(args: list[str], root: Path = RECIPES_DIR) -> list[str]:
-    """Turn ``--recipe R --profile P`` into ``--config profiles/P.yaml --config R.yaml`` plus run names.
+    """Turn ``--recipe R --profile P`` into ``--config profiles/P.yaml --config R.yaml`` (and
+    ``--config tuned/P/R.yaml`` where a sweep tuned R at P) plus run names.
 
     The configs go right after the subcommand, so later command-line overrides win.
     """
@@ -72,5 +81,8 @@ def expand_recipe_arguments(args: list[str], root: Path = RECIPES_DIR) -> list[s
     inserted = ["--config", str(root / "profiles" / f"{profile}.yaml"), f"--run.profile={profile}"]
     if recipe is not None:
         inserted += ["--config", str(recipe_path(recipe, root)), f"--run.recipe={recipe}"]
+        tuned = tuned_path(recipe, profile, root)
+        if tuned is not None:
+            inserted += ["--config", str(tuned)]
     at = next((i + 1 for i, a in enumerate(args) if not a.startswith("-")), 0)  # after the subcommand
     return args[:at] + inserted + args[at:]

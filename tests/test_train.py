@@ -273,3 +273,21 @@ def test_a_single_device_run_gets_no_ddp_wrapper(tmp_path, corpus):
     args = expand_recipe_arguments(smoke_args(tmp_path, corpus, f"--run.root={tmp_path}", "--trainer.strategy=ddp"))
     cli = ResnormCLI(args=args[1:], run=False)  # without the subcommand: build, do not run
     assert type(cli.trainer.strategy).__name__ == "SingleDeviceStrategy"
+
+
+def test_a_tuned_setting_applies_on_top_of_the_recipe_at_its_profile_only(tmp_path):
+    from resnorm_lm.recipes import expand_recipe_arguments
+
+    root = tmp_path / "recipes"
+    (root / "profiles").mkdir(parents=True)
+    (root / "tuned" / "cpu").mkdir(parents=True)
+    for name in ("cpu", "gpu"):
+        (root / "profiles" / f"{name}.yaml").write_text("trainer: {}\n")
+    (root / "r-12l.yaml").write_text("model: {}\n")
+    (root / "tuned" / "cpu" / "r-12l.yaml").write_text("model: {optim: {lr: 1.0e-3}}\n")
+    cpu = expand_recipe_arguments(["fit", "--recipe", "r-12l", "--profile", "cpu", "--model.optim.lr=5e-4"], root)
+    configs = [cpu[i + 1] for i, a in enumerate(cpu) if a == "--config"]
+    assert configs == [str(root / "profiles/cpu.yaml"), str(root / "r-12l.yaml"), str(root / "tuned/cpu/r-12l.yaml")]
+    assert cpu[-1] == "--model.optim.lr=5e-4"  # the command line still wins (compare's sweep relies on it)
+    gpu = expand_recipe_arguments(["fit", "--recipe", "r-12l", "--profile", "gpu"], root)
+    assert not any(str(root / "tuned") in a for a in gpu)
