@@ -210,7 +210,6 @@ def run_sweep(args, profile: str, trainer: SweepTrainer) -> tuple[dict[str, Sele
     """Grid with the grid seeds, then every seed at the chosen settings, until the choice is stable."""
     settings = grid_settings(args.lrs, args.warmups)
     specs = expand_grid(args.recipes, settings, args.grid_seeds)
-    confirmed: set[RunSpec] = set()
     selections: dict[str, Selection] = {}
     for round_ in range(4):  # the choice can move when more seeds come in; it settles within a few rounds
         todo = trainer.plan(specs, "grid" if round_ == 0 else f"seeds at the chosen settings (round {round_})")
@@ -222,11 +221,8 @@ def run_sweep(args, profile: str, trainer: SweepTrainer) -> tuple[dict[str, Sele
                       for r in args.recipes}  # fmt: skip
         wanted = {RunSpec(r, setting, seed) for r, sel in selections.items() for setting in sel.confirm
                   for seed in args.seeds}  # fmt: skip
-        if wanted <= confirmed | set(specs) and round_ > 0:
-            break
-        confirmed |= wanted
         new = sorted(wanted - set(specs), key=lambda s: (s.recipe, s.setting, s.seed))
-        if not new and round_ > 0:
+        if not new:
             break
         specs += new
     return selections, finished_dirs(specs, args.root, profile)
@@ -340,7 +336,10 @@ def hardware_of(run_dirs: list[Path]) -> str:
         if path.is_file():
             hw = json.loads(path.read_text()).get("hardware", {})
             gpus = hw.get("gpus")
-            return ", ".join(gpus) if gpus else f"{hw.get('cpu', 'CPU')} ({hw.get('cpu_count')} cores, no GPU)"
+            if gpus:
+                return ", ".join(gpus)
+            bf16 = {True: ", native bf16", False: ", no native bf16"}.get(hw.get("cpu_native_bf16"), "")
+            return f"{hw.get('cpu', 'CPU')} ({hw.get('cpu_count')} cores{bf16}, no GPU)"
     return "unknown"
 
 

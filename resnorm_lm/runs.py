@@ -63,8 +63,21 @@ def package_versions() -> dict[str, str]:
     return out
 
 
+def cpu_model_and_bf16() -> tuple[str, bool | None]:
+    """The CPU's model name and whether it has native bf16 arithmetic (AVX512_BF16 or AMX), from /proc/cpuinfo."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine(), None
+    first_cpu = [line.split(":", 1) for line in text.split("\n\n")[0].splitlines() if ":" in line]
+    fields = {key.strip(): value.strip() for key, value in first_cpu}
+    flags = set(fields.get("flags", "").split())
+    return fields.get("model name", platform.machine()), bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
 def hardware() -> dict[str, Any]:
-    info: dict[str, Any] = {"platform": platform.platform(), "cpu": platform.processor() or platform.machine()}
+    model, bf16 = cpu_model_and_bf16()
+    info: dict[str, Any] = {"platform": platform.platform(), "cpu": model, "cpu_native_bf16": bf16}
     info["cpu_count"] = os.cpu_count()
     if torch.cuda.is_available():
         info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
