@@ -210,12 +210,14 @@ def run_sweep(args, profile: str, trainer: SweepTrainer) -> tuple[dict[str, Sele
     """Grid with the grid seeds, then every seed at the chosen settings, until the choice is stable."""
     settings = grid_settings(args.lrs, args.warmups)
     specs = expand_grid(args.recipes, settings, args.grid_seeds)
+    # every finished run of the grid counts, whichever round trained it (seeds of an earlier pick included)
+    everything = expand_grid(args.recipes, settings, sorted(set(args.grid_seeds) | set(args.seeds)))
     selections: dict[str, Selection] = {}
     for round_ in range(4):  # the choice can move when more seeds come in; it settles within a few rounds
         todo = trainer.plan(specs, "grid" if round_ == 0 else f"seeds at the chosen settings (round {round_})")
         if not args.no_train:
             trainer.train_all(todo)
-        runs = finished_dirs(specs, args.root, profile)
+        runs = finished_dirs(everything, args.root, profile)
         ensure_evaluated(list(runs.values()), "validation")
         selections = {r: select_setting(r, [outcome(s, d) for s, d in runs.items() if s.recipe == r])
                       for r in args.recipes}  # fmt: skip
@@ -225,7 +227,7 @@ def run_sweep(args, profile: str, trainer: SweepTrainer) -> tuple[dict[str, Sele
         if not new:
             break
         specs += new
-    return selections, finished_dirs(specs, args.root, profile)
+    return selections, finished_dirs(everything, args.root, profile)
 
 
 # ---------------------------------------------------------------------- the table
