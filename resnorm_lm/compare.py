@@ -88,7 +88,7 @@ class SweepTrainer:
         gpus = torch.cuda.device_count()
         self.gpu_per_job = gpus >= self.jobs > 1
 
-    def plan(self, specs: list[RunSpec], what: str) -> list[RunSpec]:
+    def plan(self, specs: list[RunSpec], what: str, training: bool = True) -> list[RunSpec]:
         """Print how many runs there are to train and an estimate of the time; return those to train."""
         states = {spec: run_state(spec.run_dir(self.root, self.profile)) for spec in specs}
         todo = [s for s in specs if states[s] != "finished"]
@@ -101,6 +101,8 @@ class SweepTrainer:
             if eta
             else "time unknown until a run of this profile has finished"
         )
+        if not training:
+            when = "not training them (--no-train)"
         resume = sum(states[s] == "unfinished" for s in todo)
         print(f"compare: {what}: {len(specs)} runs, {len(specs) - len(todo)} finished, {len(todo)} to train "
               f"({resume} to resume); {when if todo else 'nothing to train'}", flush=True)  # fmt: skip
@@ -214,7 +216,8 @@ def run_sweep(args, profile: str, trainer: SweepTrainer) -> tuple[dict[str, Sele
     everything = expand_grid(args.recipes, settings, sorted(set(args.grid_seeds) | set(args.seeds)))
     selections: dict[str, Selection] = {}
     for round_ in range(4):  # the choice can move when more seeds come in; it settles within a few rounds
-        todo = trainer.plan(specs, "grid" if round_ == 0 else f"seeds at the chosen settings (round {round_})")
+        what = "grid" if round_ == 0 else f"seeds at the chosen settings (round {round_})"
+        todo = trainer.plan(specs, what, training=not args.no_train)
         if not args.no_train:
             trainer.train_all(todo)
         runs = finished_dirs(everything, args.root, profile)

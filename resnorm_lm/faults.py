@@ -82,12 +82,16 @@ class PreemptOnSigterm(L.Callback):
     so the process ends within one step plus one checkpoint write. A second
     SIGTERM or a SIGINT meanwhile exits at once; the checkpoint being written
     stays atomic (its temp file is removed at the next start). Under DDP the
-    flag is shared across ranks, so all ranks stop at the same step.
+    flag is shared across ranks every ``ddp_check_every`` batches (a collective
+    and a host sync, so not at every step), and all ranks stop at the same step.
     """
 
-    def __init__(self, checkpoint_path: Path, on_preempted: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self, checkpoint_path: Path, on_preempted: Callable[[], None] = lambda: None, ddp_check_every: int = 10
+    ) -> None:
         self.checkpoint_path = checkpoint_path
         self.on_preempted = on_preempted
+        self.ddp_check_every = max(1, ddp_check_every)
         self.requested = False
         self.saved_at_step: int | None = None
 
@@ -101,8 +105,11 @@ class PreemptOnSigterm(L.Callback):
         self.requested = True
         signal.signal(signal.SIGINT, self._on_signal)
 
-    def _requested_on_any_rank(self, trainer: L.Trainer) -> bool:
+    def _requested_on_any_rank(self, trainer: L.Trainer, count: int) -> bool:
+        """``count`` (a step or batch index, the same on every rank) says when the ranks compare flags."""
         if trainer.world_size > 1:
+            if count % self.ddp_check_every:
+                return False
             return trainer.strategy.reduce_boolean_decision(self.requested, all=False)
         return self.requested
 
@@ -118,7 +125,7 @@ class PreemptOnSigterm(L.Callback):
         raise Preempted(f"preempted at step {self.saved_at_step}")
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        if self.saved_at_step is None and self._requested_on_any_rank(trainer):
+        if self.saved_at_step is None and self._requested_on_any_rank(trainer, trainer.global_step):
             self._save(trainer)  # leave right after Lightning has logged this step's metrics:
 
     def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
@@ -133,8 +140,8 @@ class PreemptOnSigterm(L.Callback):
         if self.saved_at_step is not None:  # or when that was the last step
             self._leave()
 
-    def on_validation_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        if trainer.sanity_checking or not self._requested_on_any_rank(trainer):
+    def on_validation_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int, *args) -> None:
+        if trainer.sanity_checking or not self._requested_on_any_rank(trainer, batch_idx):
             return
         if trainer.state.fn == "fit":  # the weights are those of a finished step; after fit, last.ckpt is final
             self._save(trainer)

@@ -53,12 +53,20 @@ def save_figure(fig, axes, legend_axes, path: Path) -> Path:
     return path
 
 
+def recipe_colors(recipes) -> dict[str, tuple]:
+    """One colour per recipe, the same in every figure: tab10 up to ten recipes (tab20's pairs look alike)."""
+    names = sorted(set(recipes))
+    palette = plt.cm.tab10 if len(names) <= 10 else plt.cm.tab20
+    return {r: palette(i % palette.N) for i, r in enumerate(names)}
+
+
 def plot_loss_curves(runs: dict[str, list[Path]], out_dir: Path) -> Path:
     """Training loss (thin) and validation loss (points) against steps and against training wall time."""
     fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(12, 4.5), dpi=90)
     finite: list[float] = []
-    for i, (recipe, run_dirs) in enumerate(sorted(runs.items())):
-        color = plt.cm.tab20(i % 20)
+    colors = recipe_colors(runs)
+    for recipe, run_dirs in sorted(runs.items()):
+        color = colors[recipe]
         for j, run_dir in enumerate(run_dirs):
             rows = read_metrics(run_dir)
             label = recipe if j == 0 else None
@@ -86,11 +94,12 @@ def layer_norms(row: dict[str, float]) -> list[float]:
 
 def plot_grad_norms(runs: dict[str, list[Path]], out_dir: Path) -> Path:
     fig, (early, late) = plt.subplots(1, 2, figsize=(12, 4.5), dpi=90, sharey=True)
-    for i, (recipe, run_dirs) in enumerate(sorted(runs.items())):
+    colors = recipe_colors(runs)
+    for recipe, run_dirs in sorted(runs.items()):
         rows = [r for r in read_metrics(run_dirs[0]) if any(k.startswith("grad_norm/layer_") for k in r)]
         if not rows:
             continue
-        color = plt.cm.tab20(i % 20)
+        color = colors[recipe]
         first, last = rows[0], rows[-1]
         early.plot(layer_norms(first), marker="o", ms=3, color=color, label=recipe)
         late.plot(layer_norms(last), marker="o", ms=3, color=color, label=f"{recipe} (step {last['step']:.0f})")
@@ -111,8 +120,8 @@ def plot_lr_sensitivity(grid: list[dict], unigram: float | None, out_dir: Path) 
     styles = dict(zip(warmups, ["-", "--", ":", "-."] * 4))
     finite = [g["val_loss_mean"] for g in grid if g["val_loss_mean"] is not None]
     top = max(finite + ([unigram] if unigram else [])) + 0.2 if finite else 1.0
-    for i, recipe in enumerate(sorted({g["recipe"] for g in grid})):
-        color = plt.cm.tab20(i % 20)
+    colors = recipe_colors(g["recipe"] for g in grid)
+    for recipe, color in colors.items():
         for warmup in sorted({g["warmup"] for g in grid if g["recipe"] == recipe}, key=lambda w: (w is None, w)):
             rows = sorted((g for g in grid if g["recipe"] == recipe and g["warmup"] == warmup and g["lr"] is not None),
                           key=lambda g: g["lr"])  # fmt: skip
@@ -127,7 +136,15 @@ def plot_lr_sensitivity(grid: list[dict], unigram: float | None, out_dir: Path) 
             ax.plot([g["lr"] for g in bad], [top] * len(bad), marker="x", ms=8, color=color, ls="none")
     if unigram is not None:
         ax.axhline(unigram, color="gray", ls="--", lw=1)
-        ax.text(ax.get_xlim()[0], unigram, " unigram (not learning above)", va="bottom", fontsize=7, color="gray")
+        ax.text(
+            0.01,
+            unigram,
+            "unigram (not learning above)",
+            va="bottom",
+            fontsize=7,
+            color="gray",
+            transform=ax.get_yaxis_transform(),
+        )  # x in axes fraction: stays in view on a log axis
     ax.set(xscale="log", xlabel="peak learning rate", ylabel="final validation loss (nats/token)",
            title="LR sensitivity (star: chosen setting; x: diverged)")  # fmt: skip
     return save_figure(fig, (ax,), (ax,), out_dir / "lr_sensitivity.png")

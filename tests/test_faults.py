@@ -9,13 +9,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from resnorm_lm.cli import main
 from resnorm_lm.compare import grid_rows, markdown_report, recipe_row
-from resnorm_lm.faults import AtomicCheckpointIO, DivergenceConfig, DivergenceGuard
+from resnorm_lm.faults import AtomicCheckpointIO, DivergenceConfig, DivergenceGuard, PreemptOnSigterm
 from resnorm_lm.sweep import RunOutcome, RunSpec, Setting, select
 from tests.train_helpers import final_weights, run_cli, smoke_args, train_losses, write_corpus
 
@@ -107,6 +108,25 @@ def test_a_second_sigterm_exits_at_once(baseline, tmp_path):
     assert "SIGTERM: saved" not in stopped.stdout  # it did not wait for the end of the step
     run_dir = root / "prenorm-12l" / "smoke-seed1"
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 2
+
+
+def test_under_ddp_the_ranks_compare_preemption_flags_every_few_steps_only(tmp_path):
+    """Sharing the flag is a collective and a host sync: every ``ddp_check_every`` steps, the same on all ranks."""
+
+    class Strategy:
+        calls: list[bool] = []
+
+        def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+            self.calls.append(decision)
+            return decision
+
+    trainer = SimpleNamespace(world_size=2, strategy=Strategy())
+    preempt = PreemptOnSigterm(tmp_path / "last.ckpt", ddp_check_every=5)
+    preempt.requested = True
+    answers = [preempt._requested_on_any_rank(trainer, step) for step in range(1, 11)]
+    assert answers == [False] * 4 + [True] + [False] * 4 + [True] and len(trainer.strategy.calls) == 2
+    trainer.world_size = 1  # one process: the local flag, at every step, no collective
+    assert preempt._requested_on_any_rank(trainer, 3) and len(trainer.strategy.calls) == 2
 
 
 def test_a_dead_ddp_rank_ends_the_job_with_an_error_not_a_hang(baseline, tmp_path):

@@ -165,3 +165,9 @@ def test_a_tiny_sweep_interrupted_then_finished_picks_on_validation_and_tests_on
     third = compare(tmp_path, corpus)  # everything finished: nothing trained or evaluated again
     assert third.returncode == 0 and "compare: training" not in third.stdout and "resuming" not in third.stdout
     assert "nothing to train" in third.stdout
+    # --no-train with a wider grid: says what is missing, trains nothing and promises no time
+    fourth = compare(tmp_path, corpus, "--lrs", "1e-5", "1e-3", "3e-3", "--no-train")
+    assert fourth.returncode == 0, fourth.stderr[-3000:]
+    said = "compare: grid: 3 runs, 2 finished, 1 to train (0 to resume); not training them (--no-train)"
+    assert said in fourth.stdout
+    assert "compare: training" not in fourth.stdout and not (runs / "smoke-lr0.001-wu2-seed1").exists()
