@@ -17,16 +17,24 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ThroughputMonitor
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_only
 
 from resnorm_lm.data.datamodule import TextDataModule
 from resnorm_lm.data.errors import DataError
-from resnorm_lm.faults import AtomicCheckpointIO, FinalCheckpoint, Preempted, PreemptOnSigterm, remove_stale_temp_files
+from resnorm_lm.faults import (
+    AtomicCheckpointIO,
+    FinalCheckpoint,
+    GoodStateCheckpoint,
+    Preempted,
+    PreemptOnSigterm,
+    remove_stale_temp_files,
+)
 from resnorm_lm.lightning_module import LanguageModel
 from resnorm_lm.logging import ContinuedCSVLogger
+from resnorm_lm.monitors import SparseThroughputMonitor
 from resnorm_lm.precision import PrecisionChoice, PrecisionError, resolve_precision, uses_cuda
 from resnorm_lm.recipes import expand_recipe_arguments
 from resnorm_lm.runs import RunConfig, RunManifest, StopAfterSteps, run_directory
@@ -136,7 +144,7 @@ class ResnormCLI(LightningCLI):
         callbacks = list(trainer_cfg.get("callbacks") or [])
         run, ckpt_dir = self.run_config, self.run_dir / "checkpoints"
         callbacks += [
-            ModelCheckpoint(
+            GoodStateCheckpoint(
                 dirpath=ckpt_dir,
                 filename="step{step:06d}",
                 every_n_train_steps=run.checkpoint_every,
@@ -154,7 +162,9 @@ class ResnormCLI(LightningCLI):
                 enable_version_counter=False,
             ),  # fmt: skip
             LearningRateMonitor(logging_interval="step"),
-            ThroughputMonitor(batch_size_fn=lambda batch: batch[0].size(0), length_fn=lambda batch: batch[0].numel()),
+            SparseThroughputMonitor(  # the device synced on logging steps only
+                batch_size_fn=lambda batch: batch[0].size(0), length_fn=lambda batch: batch[0].numel()
+            ),
         ]
         if self.subcommand == "fit":
             seed = self._get(self.config, "seed_everything")

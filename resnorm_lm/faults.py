@@ -13,6 +13,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -66,6 +67,21 @@ class FinalCheckpoint(L.Callback):
             return
         if trainer.global_step % self.every != 0:  # the same decision on every rank: saving is collective
             trainer.save_checkpoint(self.checkpoint_path)
+
+
+class GoodStateCheckpoint(ModelCheckpoint):
+    """A periodic ModelCheckpoint that never saves once the run has diverged.
+
+    A bad step still counts as a global step (Lightning counts an optimizer step
+    whose training_step returned None; a step masked on the device is a step), so
+    a plain ModelCheckpoint would save after it; this keeps last.ckpt at the last
+    good state.
+    """
+
+    def _should_skip_saving_checkpoint(self, trainer: L.Trainer) -> bool:
+        guard = getattr(trainer.lightning_module, "guard", None)
+        diverged = guard is not None and guard.diverged is not None
+        return diverged or super()._should_skip_saving_checkpoint(trainer)
 
 
 class Preempted(Exception):  # noqa: N818 (a request, not an error)
@@ -156,8 +172,15 @@ class DivergenceConfig:
     factor: float = 4.0  # a loss above factor x its running minimum is bad (0: only NaN/Inf)
     on_bad_step: str = "stop"  # stop: end the run, keep the last good checkpoint; skip: skip the step
     max_skips: int = 10  # with on_bad_step=skip, this many skipped steps in a row count as divergence
+    # where each loss is judged. host: read back before backward (a host sync every step). device: on
+    # the loss's device, the fused optimizer skips a bad step there, the verdict is read back after the
+    # step is queued (resnorm_lm/device_verdicts.py). auto: device where the optimizer is fused (CUDA)
+    # and no GradScaler (16-mixed) owns the optimizer's skip flag, else host.
+    verdict: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.verdict not in ("auto", "host", "device"):
+            raise ValueError(f"divergence.verdict must be 'auto', 'host' or 'device', got {self.verdict!r}")
         if self.on_bad_step not in ("stop", "skip"):
             raise ValueError(f"divergence.on_bad_step must be 'stop' or 'skip', got {self.on_bad_step!r}")
         if self.factor < 0 or (0 < self.factor <= 1):
@@ -174,11 +197,13 @@ class DivergenceGuard:
         self.skipped_in_a_row = 0
         self.diverged: dict[str, Any] | None = None  # {"step": k, "reason": "..."} once diverged
 
-    def bad_reason(self, loss: float) -> str | None:
+    def bad_reason(self, loss: float, running_min: float | None = None) -> str | None:
+        """Why ``loss`` is bad against ``running_min`` (default: this guard's), or None when it is not."""
+        running_min = self.running_min if running_min is None else running_min
         if not math.isfinite(loss):
             return f"loss is {loss}"
-        if self.config.factor and loss > self.config.factor * self.running_min:
-            return f"loss {loss:.4g} > {self.config.factor:g} x running minimum {self.running_min:.4g}"
+        if self.config.factor and loss > self.config.factor * running_min:
+            return f"loss {loss:.4g} > {self.config.factor:g} x running minimum {running_min:.4g}"
         return None
 
     def judge(self, loss: float, step: int) -> str:

@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import Metric
 
-from resnorm_lm.diagnostics import per_layer_grad_norms
+from resnorm_lm.device_verdicts import DeviceVerdicts, ReadVerdicts
+from resnorm_lm.diagnostics import grad_norms
 from resnorm_lm.faults import DivergenceConfig, DivergenceGuard
 from resnorm_lm.model import GPT, GPTConfig
 from resnorm_lm.optim import OptimConfig, build_optimizer
@@ -87,8 +88,9 @@ class LanguageModel(L.LightningModule):
         arch: the model architecture (norm, backend, placement, sizes).
         optim: optimizer and learning-rate schedule.
         log_grad_norms: log total and per-layer gradient norms every ``log_every_n_steps``.
-        divergence: when a loss counts as diverged (NaN/Inf, or a factor above its running minimum)
-            and whether a bad step stops the run or is skipped.
+        divergence: when a loss counts as diverged (NaN/Inf, or a factor above its running minimum),
+            whether a bad step stops the run or is skipped, and where it is judged (host, or on the
+            device with the fused optimizer skipping it there: resnorm_lm/device_verdicts.py).
         compile: torch.compile the GPT in place (``nn.Module.compile``: state-dict keys unchanged, so
             checkpoints stay interchangeable). Opt-in: see docs/benchmarks.md for its effect here.
     """
@@ -105,6 +107,7 @@ class LanguageModel(L.LightningModule):
         self.arch = arch
         self.optim = optim
         self.guard = DivergenceGuard(divergence)
+        self.verdicts: DeviceVerdicts | None = None  # set by configure_optimizers where verdicts are on the device
         self.compile_model = compile
         self.log_grad_norms = log_grad_norms
         self.save_hyperparameters({"arch": asdict(self.arch), "optim": asdict(self.optim)})
@@ -123,6 +126,10 @@ class LanguageModel(L.LightningModule):
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor | None:
         x, y = batch  # (B, T) each
         _, loss = self.model(x, y)
+        if self.verdicts is not None:  # judged on the device; the fused optimizer skips a bad step there
+            self.verdicts.judge(loss, self.trainer.global_step)
+            self.log("train/loss", loss, on_step=True, prog_bar=True)
+            return loss
         verdict = self.guard.judge(loss.item(), self.trainer.global_step)  # before backward: weights stay good
         if verdict != "ok":
             if verdict == "stop":
@@ -131,26 +138,38 @@ class LanguageModel(L.LightningModule):
         self.log("train/loss", loss, on_step=True, prog_bar=True)
         return loss
 
-    @property
-    def skipped_batches(self) -> int:
-        """Batches consumed without an optimizer step (skipped bad steps): the data position counts them."""
-        return self.guard.skipped
-
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Gradient norms before clipping: total, and per block (the Xiong et al. signal)."""
+        """The device verdict's skip flag for the fused optimizer; gradient norms before clipping."""
+        if self.verdicts is not None:
+            optimizer.found_inf = self.verdicts.take_window()  # 1: the fused step leaves every state as it was
         trainer = self.trainer
         if not self.log_grad_norms or trainer.global_step % max(trainer.log_every_n_steps, 1) != 0:
             return
-        per_layer = per_layer_grad_norms(self.model)
-        grads = [p.grad.detach().float().norm() for p in self.parameters() if p.grad is not None]
-        total = torch.stack(grads).norm().item() if grads else 0.0
+        total, per_layer = grad_norms(self.model)  # one host sync for all of them
         metrics = {"grad_norm/total": total}
         metrics.update({f"grad_norm/layer_{i:02d}": g for i, g in enumerate(per_layer)})
         self.log_dict(metrics, on_step=True, on_epoch=False)
 
     def configure_optimizers(self):
-        optimizer, schedule = build_optimizer(self.model, self.optim, self.trainer.max_steps)
+        on_cuda = all(p.is_cuda for p in self.model.parameters())
+        self.verdicts = DeviceVerdicts(self.guard) if self._verdict_on_device(on_cuda) else None
+        # fused: one kernel per step on CUDA, and the only AdamW that can skip a step on the device
+        fused = on_cuda or self.verdicts is not None
+        optimizer, schedule = build_optimizer(self.model, self.optim, self.trainer.max_steps, fused=fused)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    def _verdict_on_device(self, on_cuda: bool) -> bool:
+        scaler = str(self.trainer.precision) == "16-mixed"  # its GradScaler sets the optimizer's found_inf itself
+        choice = self.guard.config.verdict
+        if choice == "device" and scaler:
+            raise ValueError(
+                "divergence.verdict=device cannot be used with precision 16-mixed (the GradScaler owns the fused "
+                "optimizer's skip flag); use divergence.verdict=host or auto, or bf16-mixed"
+            )
+        return choice == "device" or (choice == "auto" and on_cuda and not scaler)
+
+    def configure_callbacks(self) -> list[L.Callback]:
+        return [ReadVerdicts()]  # a no-op with host verdicts
 
     @property
     def flops_per_batch(self) -> int | None:
@@ -219,6 +238,8 @@ class LanguageModel(L.LightningModule):
         """Add what Lightning does not save: RNG states, and the data identity for resume checks."""
         checkpoint["train_seconds"] = self.train_seconds()
         checkpoint["precision"] = str(self.trainer.precision)  # a resumed run keeps it (precision: auto)
+        if self.verdicts is not None:
+            self.verdicts.collect()  # the host records up to this step
         checkpoint["divergence_guard"] = self.guard.state_dict()
         checkpoint["rng_states"] = {
             "python": random.getstate(),
@@ -256,6 +277,8 @@ class LanguageModel(L.LightningModule):
         self.train_seconds_before = float(checkpoint.get("train_seconds", 0.0))
         if "divergence_guard" in checkpoint:
             self.guard.load_state_dict(checkpoint["divergence_guard"])
+            if self.verdicts is not None:
+                self.verdicts.state = None  # rebuilt from the loaded records at the next step
         states = checkpoint.get("rng_states")
         if states is not None:
             random.setstate(states["python"])

@@ -60,17 +60,23 @@ def warmup_cosine(step: int, *, warmup_steps: int, max_steps: int, min_lr_ratio:
     return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig, max_steps: int) -> tuple[torch.optim.Optimizer, object]:
-    """AdamW over ``parameter_groups`` and a per-step LambdaLR of ``warmup_cosine``."""
+def build_optimizer(
+    model: nn.Module, cfg: OptimConfig, max_steps: int, fused: bool | None = None
+) -> tuple[torch.optim.Optimizer, object]:
+    """AdamW over ``parameter_groups`` and a per-step LambdaLR of ``warmup_cosine``.
+
+    ``fused`` (default: on CUDA) runs one fused kernel per step instead of a loop over tensors.
+    """
     if max_steps is None or max_steps <= 0:
         raise ValueError("the cosine schedule needs --trainer.max_steps > 0 (the profiles set it)")
-    on_cuda = all(p.is_cuda for p in model.parameters())  # one fused kernel per step instead of a loop
+    if fused is None:
+        fused = all(p.is_cuda for p in model.parameters())
     optimizer = torch.optim.AdamW(
         parameter_groups(model, cfg.weight_decay),
         lr=cfg.lr,
         betas=(cfg.beta1, cfg.beta2),
         eps=cfg.eps,
-        fused=True if on_cuda else None,
+        fused=True if fused else None,
     )
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer,

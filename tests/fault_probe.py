@@ -9,6 +9,7 @@ RESNORM_LM_FAULT="<where>:<step>[:<rank>]", where is one of
   sigterm2    SIGTERM to itself twice during <step> (a scheduler, or a user, who insists)
   sigterm_validation  SIGTERM to itself during the validation that follows <step>
   die         exit this rank abruptly at <step> (only on <rank>, default 1): a dead DDP worker
+  nan         make the training loss of <step> NaN (a bad step for the divergence guard)
 """
 
 import os
@@ -58,6 +59,16 @@ class FaultProbe(L.Callback):
 
         faults.os = PatchedOS()
         faults.torch.save = save
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        model = pl_module.model
+        if self.where == "nan" and trainer.global_step == self.step:
+            forward = type(model).forward
+            model.forward = lambda idx, targets=None: (lambda out: (out[0], out[1] * float("nan")))(
+                forward(model, idx, targets)
+            )
+        elif "forward" in vars(model):
+            del model.forward
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         if self.where == "step" and trainer.global_step + 1 == self.step:

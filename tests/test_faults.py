@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -185,10 +186,12 @@ def test_guard_flags_nan_inf_and_spikes():
         DivergenceConfig(on_bad_step="ignore")
 
 
-def test_a_diverging_run_stops_cleanly_and_says_so(baseline, tmp_path, capsys):
+@pytest.mark.parametrize("verdict", ["auto", "device"])  # auto: host verdicts on the CPU
+def test_a_diverging_run_stops_cleanly_and_says_so(baseline, tmp_path, capsys, verdict):
     tmp, corpus, root = baseline["tmp"], baseline["corpus"], tmp_path / "runs"
     code = run_cli(smoke_args(tmp, corpus, f"--run.root={root}", "--model.optim.lr=30", "--model.optim.warmup_steps=0",
-                              "--trainer.max_steps=30", "--model.divergence.factor=1.5"))  # fmt: skip
+                              "--trainer.max_steps=30", "--model.divergence.factor=1.5", "--run.checkpoint_every=1",
+                              f"--model.divergence.verdict={verdict}"))  # fmt: skip
     out = capsys.readouterr().out
     assert code == 3, out[-2000:]
     run_dir = root / "prenorm-12l" / "smoke-seed1"
@@ -198,6 +201,9 @@ def test_a_diverging_run_stops_cleanly_and_says_so(baseline, tmp_path, capsys):
     assert json.loads((run_dir / "manifest.json").read_text())["ended"]["diverged"] is True
     weights = final_weights(run_dir)
     assert all(torch.isfinite(t).all() for t in weights.values())  # the last good state was kept
+    last = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert last["global_step"] == summary["diverged_at_step"]  # saved after the last good step, not after the bad one
+    assert last["divergence_guard"]["diverged"] is None
 
 
 def test_skip_mode_counts_skipped_steps(baseline, tmp_path, capsys):
@@ -208,6 +214,24 @@ def test_skip_mode_counts_skipped_steps(baseline, tmp_path, capsys):
     summary = json.loads((root / "prenorm-12l" / "smoke-seed1" / "eval.json").read_text())
     assert summary["skipped_steps"] >= 1
     assert code == (3 if summary["diverged"] else 0)
+
+
+@pytest.mark.parametrize("verdict", ["host", "device"])
+def test_resume_after_a_skipped_bad_step_is_exact(baseline, tmp_path, verdict):
+    tmp, corpus = baseline["tmp"], baseline["corpus"]
+    skip = ["--model.divergence.on_bad_step=skip", f"--model.divergence.verdict={verdict}"]
+    straight = fit_process(tmp, corpus, tmp_path / "straight", *skip, fault="nan:2")
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    root = tmp_path / "interrupted"
+    assert fit_process(tmp, corpus, root, *skip, "--run.stop_after_steps=4", fault="nan:2").returncode == 0
+    resumed = fit_process(tmp, corpus, root, *skip, "--ckpt_path=last", fault="nan:2")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    expected, run_dir = tmp_path / "straight" / "prenorm-12l" / "smoke-seed1", root / "prenorm-12l" / "smoke-seed1"
+    assert json.loads((run_dir / "eval.json").read_text())["skipped_steps"] == 1
+    finite = [{s: v for s, v in train_losses(d).items() if math.isfinite(v)} for d in (run_dir, expected)]
+    assert finite[0] == finite[1] and len(finite[0]) >= 5  # the same batches after the resume
+    for name, tensor in final_weights(expected).items():
+        assert torch.equal(tensor, final_weights(run_dir)[name]), name
 
 
 def test_compare_shows_diverged_runs_as_diverged():

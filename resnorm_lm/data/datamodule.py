@@ -133,8 +133,9 @@ class TextDataModule(L.LightningDataModule):
         trainer = self.trainer
         if trainer is None:
             return 0, 0, 1
-        skipped = getattr(getattr(trainer, "lightning_module", None), "skipped_batches", 0)  # bad steps skipped
-        start = trainer.global_step * trainer.accumulate_grad_batches + skipped
+        # every batch belongs to a global step, a skipped bad step's included: Lightning counts an optimizer
+        # step whose training_step returned None, and a step masked on the device is a step
+        start = trainer.global_step * trainer.accumulate_grad_batches
         return start, trainer.global_rank, trainer.world_size
 
     def _loader_kwargs(self) -> dict[str, Any]:

@@ -1,0 +1,35 @@
+"""Throughput logging that does not stall the GPU at every step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import ThroughputMonitor
+
+
+class SparseThroughputMonitor(ThroughputMonitor):
+    """Lightning's ThroughputMonitor, with its device sync on logging steps only.
+
+    The parent synchronizes the GPU after every training batch to read an exact
+    time: a full stall of the host's run-ahead at every step. Here a batch between
+    logging steps is only counted (samples, lengths, batches: host integers), and
+    the time is read, after a sync, on the steps whose metrics are logged anyway.
+    Rates are differences of cumulative counts over differences of those times,
+    so they stay exact; the window (``window_size``) counts logging steps.
+    """
+
+    def syncs_device(self, trainer: L.Trainer) -> bool:
+        return trainer.strategy.root_device.type == "cuda"
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           *args: Any) -> None:  # fmt: skip
+        logging_step = trainer._logger_connector.should_update_logs and not trainer.fit_loop._should_accumulate()
+        if logging_step or not self.syncs_device(trainer) or not trainer.is_global_zero:
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, *args)  # rank zero only, as the parent
+            return
+        stage = trainer.state.stage
+        self._samples[stage] += self.batch_size_fn(batch)
+        self._batches[stage] += 1
+        if self.length_fn is not None:
+            self._lengths[stage] += self.length_fn(batch)
