@@ -37,7 +37,7 @@ import torch
 
 from resnorm_lm.data.cache import atomic_write, write_csv_atomic
 from resnorm_lm.evaluate import evaluate_paths
-from resnorm_lm.recipes import RecipeError, recipe_path, resolve_profile
+from resnorm_lm.recipes import RecipeError, recipe_path, resolve_profile, tuned_overlay
 from resnorm_lm.runs import REPO_ROOT
 from resnorm_lm.sweep import RunOutcome, RunSpec, Selection, estimate_seconds, expand_grid, grid_settings
 from resnorm_lm.sweep import select as select_setting
@@ -336,16 +336,20 @@ def sort_key(row: dict[str, Any]) -> tuple:
 
 
 def hardware_of(run_dirs: list[Path]) -> str:
+    """The machines the runs were trained on, from their manifests (older manifests say less: used only alone)."""
+    found: dict[str, bool] = {}  # description -> recorded by a newer manifest (CPU model and bf16 known)
     for run_dir in run_dirs:
         path = run_dir / "manifest.json"
-        if path.is_file():
-            hw = json.loads(path.read_text()).get("hardware", {})
-            gpus = hw.get("gpus")
-            if gpus:
-                return ", ".join(gpus)
-            bf16 = {True: ", native bf16", False: ", no native bf16"}.get(hw.get("cpu_native_bf16"), "")
-            return f"{hw.get('cpu', 'CPU')} ({hw.get('cpu_count')} cores{bf16}, no GPU)"
-    return "unknown"
+        if not path.is_file():
+            continue
+        hw = json.loads(path.read_text()).get("hardware", {})
+        if hw.get("gpus"):
+            found[", ".join(hw["gpus"])] = True
+            continue
+        bf16 = {True: ", native bf16", False: ", no native bf16"}.get(hw.get("cpu_native_bf16"), "")
+        found[f"{hw.get('cpu', 'CPU')} ({hw.get('cpu_count')} cores{bf16}, no GPU)"] = bool(bf16)
+    described = sorted(d for d, full in found.items() if full) or sorted(found)
+    return "; ".join(described) or "unknown"
 
 
 def command_line(args, profile: str) -> str:
@@ -356,6 +360,26 @@ def command_line(args, profile: str) -> str:
         parts.append(f'WARMUPS="{" ".join(map(str, args.warmups))}"')
     parts.append(f'SEEDS="{" ".join(map(str, args.seeds))}"')
     return " ".join(parts)
+
+
+def write_tuned_overlays(table: list[dict], grid: list[dict], out_dir: Path, profile: str, command: str,
+                         hardware: str) -> None:  # fmt: skip
+    """``<results>/<profile>/tuned/<recipe>.yaml`` for every recipe with a chosen lr and warmup: copied into
+    ``recipes/tuned/<profile>/``, it becomes that recipe's default at that profile."""
+    for row in table:
+        if row.get("lr") is None or row.get("warmup") is None:
+            continue
+        evidence = [command, f"{hardware}, {time.strftime('%Y-%m-%d')}. Validation loss (mean over seeds):"]
+        for g in grid:
+            if g["recipe"] == row["recipe"]:
+                mark = "  <- chosen" if g["chosen"] else ""
+                evidence.append(f"lr {g['lr']:g}, warmup {g['warmup']}, {g['n_seeds']} seed(s): "
+                                f"{num(g['val_loss_mean'], g['val_loss_std'])} ({g['status']}){mark}")  # fmt: skip
+        if row.get("lr_edge"):
+            evidence.append(f"the chosen lr is the {row['lr_edge']} of the grid: widen it on that side")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with atomic_write(out_dir / f"{row['recipe']}.yaml", "w") as f:
+            f.write(tuned_overlay(row["recipe"], profile, row["lr"], int(row["warmup"]), evidence))
 
 
 # ---------------------------------------------------------------------- main
@@ -422,6 +446,8 @@ def main(argv: list[str] | None = None) -> int:
         f.write(report)
     write_csv_atomic(out_dir / "compare.csv", table)
     write_csv_atomic(out_dir / "grid.csv", grid)
+    write_tuned_overlays(table, grid, out_dir / "tuned", profile, command_line(args, profile),
+                         hardware_of(list(runs.values())))  # fmt: skip
     from resnorm_lm.plots import plot_grad_norms, plot_loss_curves, plot_lr_sensitivity
 
     at_chosen = {r: [d for s, d in runs.items() if s.recipe == r and sel.chosen and s.setting == sel.chosen.setting]
@@ -435,7 +461,8 @@ def main(argv: list[str] | None = None) -> int:
         plot_loss_curves(at_chosen, out_dir)
         plot_grad_norms(at_chosen, out_dir)
     print("\n" + report)
-    print(f"compare: wrote {out_dir}/compare.md, compare.csv, grid.csv and plots in {time.time() - started:.0f} s")
+    print(f"compare: wrote {out_dir}/compare.md, compare.csv, grid.csv, plots and tuned/<recipe>.yaml (copy one "
+          f"into recipes/tuned/{profile}/ to make it the default) in {time.time() - started:.0f} s")  # fmt: skip
     return 0
 
 

@@ -38,6 +38,16 @@ def tuned_path(recipe: str, profile: str, root: Path = RECIPES_DIR) -> Path | No
     return path if path.is_file() else None
 
 
+def tuned_overlay(recipe: str, profile: str, lr: float, warmup: int, evidence: list[str]) -> str:
+    """The text of ``recipes/tuned/<profile>/<recipe>.yaml`` for a chosen ``lr`` and ``warmup``; ``evidence``
+    (the command, the hardware, the grid's numbers) goes into its comments, one line each."""
+    lines = [f"# {recipe} at the {profile} profile: the peak LR and warmup chosen by a sweep (make compare)."]
+    lines += [f"#   {line}" for line in evidence]
+    lines += ["model:", "  optim:", f"    lr: {lr:g}             # peak learning rate",
+              f"    warmup_steps: {warmup}      # linear warmup steps"]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
 def resolve_profile(name: str, root: Path = RECIPES_DIR) -> str:
     """``auto`` picks ``gpu`` when CUDA is available and ``cpu`` otherwise, and says which."""
     if name == "auto":

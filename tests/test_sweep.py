@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from resnorm_lm.data.unigram import unigram_cross_entropy
 from resnorm_lm.model import GPT, GPTConfig
@@ -160,6 +161,9 @@ def test_a_tiny_sweep_interrupted_then_finished_picks_on_validation_and_tests_on
         assert ("test" in evaluation) == ("lr0.003" in run_dir.name), run_dir.name
     assert sorted(p.name for p in runs.iterdir()) == ["smoke-lr0.003-wu2-seed1", "smoke-lr0.003-wu2-seed2",
                                                       "smoke-lr1e-05-wu2-seed1"]  # fmt: skip
+    tuned = tmp_path / "results" / "smoke" / "tuned" / "prenorm-12l.yaml"  # the pick, ready for recipes/tuned/
+    assert yaml.safe_load(tuned.read_text()) == {"model": {"optim": {"lr": 3e-3, "warmup_steps": 2}}}
+    assert "lr 0.003, warmup 2, 2 seed(s)" in tuned.read_text() and "<- chosen" in tuned.read_text()
     for plot in ("lr_sensitivity.png", "loss_curves.png", "grad_norms.png"):
         assert (tmp_path / "results" / "smoke" / plot).stat().st_size > 10_000, plot
     third = compare(tmp_path, corpus)  # everything finished: nothing trained or evaluated again
