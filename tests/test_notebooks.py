@@ -140,7 +140,8 @@ def test_notebook_03_on_fake_results(tmp_path):
     text, images = outputs(out / "03_compare_runs.ipynb")
     assert "no results" not in text
     assert "prenorm-12l" in text and "rezero-12l" in text  # the table, including the recipe without runs
-    assert "not in compare.csv (or empty): test_ppl_mean, test_bpb_mean, tokens_per_s" in text
+    # a table without a grid (the recipes' own settings): no lr/warmup columns, runs are <profile>-seed<k>
+    assert "not in compare.csv (or empty): lr, warmup, lr_edge, test_ppl_mean, test_bpb_mean, tokens_per_s" in text
     assert "cpu-seed2: no usable eval.json" in text  # the diverged postnorm run has none
     assert "5 runs plotted" in text  # b2t's metrics.csv has validation rows too
     assert "postnorm-12l seed 2: non-finite validation loss after step 50" in text
