@@ -151,6 +151,9 @@ class ResnormCLI(LightningCLI):
                 save_top_k=0,
                 save_last=True,
                 auto_insert_metric_name=False,
+                # always last.ckpt: with a counter, a run resumed from a last.ckpt that a SIGTERM (not this
+                # callback) wrote would go on saving last-v1.ckpt and leave last.ckpt stale
+                enable_version_counter=False,
             ),  # fmt: skip
             ModelCheckpoint(
                 dirpath=ckpt_dir,

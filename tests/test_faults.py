@@ -102,6 +102,16 @@ def test_sigterm_saves_records_and_exits_at_once_then_resumes_exactly(baseline, 
     assert_same_as_baseline(baseline, run_dir)
 
 
+def test_a_run_preempted_before_its_first_periodic_checkpoint_resumes_into_last_ckpt(baseline, tmp_path):
+    tmp, corpus, root = baseline["tmp"], baseline["corpus"], tmp_path / "runs"
+    assert fit_process(tmp, corpus, root, "--run.checkpoint_every=3", fault="sigterm:2").returncode == 143
+    resumed = fit_process(tmp, corpus, root, "--run.checkpoint_every=3", "--ckpt_path=last")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    checkpoints = root / "prenorm-12l" / "smoke-seed1" / "checkpoints"
+    assert not list(checkpoints.glob("last-v*.ckpt"))  # once seen: last-v1.ckpt written, last.ckpt left at step 2
+    assert torch.load(checkpoints / "last.ckpt", weights_only=True)["global_step"] == TOTAL
+
+
 def test_a_second_sigterm_exits_at_once(baseline, tmp_path):
     tmp, corpus, root = baseline["tmp"], baseline["corpus"], tmp_path / "runs"
     stopped = fit_process(tmp, corpus, root, "--run.checkpoint_every=1", fault="sigterm2:3")
