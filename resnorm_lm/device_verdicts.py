@@ -71,7 +71,7 @@ class DeviceVerdicts:
 
     def _send(self, step: int, report: torch.Tensor) -> None:
         if report.device.type != "cuda":
-            self.pending.append((step, report.clone(), None))
+            self.pending.append((step, report, None))  # stack made a new tensor: nothing to copy
             return
         host = torch.empty(report.shape, dtype=report.dtype, pin_memory=True)
         host.copy_(report, non_blocking=True)

@@ -276,9 +276,7 @@ class LanguageModel(L.LightningModule):
                 )
         self.train_seconds_before = float(checkpoint.get("train_seconds", 0.0))
         if "divergence_guard" in checkpoint:
-            self.guard.load_state_dict(checkpoint["divergence_guard"])
-            if self.verdicts is not None:
-                self.verdicts.state = None  # rebuilt from the loaded records at the next step
+            self.guard.load_state_dict(checkpoint["divergence_guard"])  # device verdicts start from these
         states = checkpoint.get("rng_states")
         if states is not None:
             random.setstate(states["python"])
