@@ -153,13 +153,30 @@ class LanguageModel(L.LightningModule):
     def configure_optimizers(self):
         on_cuda = all(p.is_cuda for p in self.model.parameters())
         self.verdicts = DeviceVerdicts(self.guard) if self._verdict_on_device(on_cuda) else None
-        # fused: one kernel per step on CUDA, and the only AdamW that can skip a step on the device
-        fused = on_cuda or self.verdicts is not None
+        # fused: one kernel per step on CUDA, and the only AdamW that can skip a step on the device; not
+        # under 16-mixed, whose GradScaler must unscale before Lightning clips (a fused step unscales inside)
+        fused = (on_cuda and not self._grad_scaler()) or self.verdicts is not None
         optimizer, schedule = build_optimizer(self.model, self.optim, self.trainer.max_steps, fused=fused)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
+    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
+                                    gradient_clip_algorithm: str | None = None) -> None:  # fmt: skip
+        """Clip a fused optimizer's gradients here: Lightning's mixed-precision plugin refuses to clip for any
+        optimizer that can unscale inside its step (fused AdamW), even under bf16, where nothing is scaled
+        and the gradients are the true ones. With a GradScaler (16-mixed: never fused) Lightning clips."""
+        if not gradient_clip_val or self._grad_scaler() or not getattr(optimizer, "_step_supports_amp_scaling", False):
+            return super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if gradient_clip_algorithm == "value":
+            torch.nn.utils.clip_grad_value_(params, gradient_clip_val, foreach=True)
+        else:
+            torch.nn.utils.clip_grad_norm_(params, gradient_clip_val, foreach=True)
+
+    def _grad_scaler(self) -> bool:
+        return str(self.trainer.precision) == "16-mixed"
+
     def _verdict_on_device(self, on_cuda: bool) -> bool:
-        scaler = str(self.trainer.precision) == "16-mixed"  # its GradScaler sets the optimizer's found_inf itself
+        scaler = self._grad_scaler()  # its GradScaler sets the optimizer's found_inf itself
         choice = self.guard.config.verdict
         if choice == "device" and scaler:
             raise ValueError(

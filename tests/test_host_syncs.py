@@ -145,6 +145,29 @@ def test_device_skip_mode_masks_the_bad_step_and_trains_on():
     assert all(int(trainer.optimizers[0].state[p]["step"]) == 4 for p in module.model.parameters())
 
 
+def test_bf16_mixed_with_the_fused_optimizer_clips_and_trains():
+    """Lightning's mixed-precision plugin refuses to clip for a fused AdamW (seen on an H100, bf16-mixed:
+    'does not allow for gradient clipping'); the module clips such an optimizer's gradients itself."""
+    module, trainer, _ = fit("device", "stop", bad_steps=set(), precision="bf16-mixed", gradient_clip_val=0.05)
+    assert trainer.global_step == 6 and trainer.optimizers[0].defaults["fused"]
+
+
+@pytest.mark.parametrize("algorithm", ["norm", "value"])
+def test_the_module_clips_a_fused_optimizers_gradients(algorithm):
+    module = LanguageModel(GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=32))
+    module._trainer = type("T", (), {"precision": "bf16-mixed"})()
+    params = list(module.parameters())
+    optimizer = torch.optim.AdamW(params, fused=True)
+    for p in params:
+        p.grad = torch.full_like(p, 3.0)
+    module.configure_gradient_clipping(optimizer, 0.5, algorithm)
+    if algorithm == "norm":
+        total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))
+        assert total.item() == pytest.approx(0.5, rel=1e-4)
+    else:
+        assert all(torch.all(p.grad == 0.5) for p in params)
+
+
 def test_device_verdicts_refuse_a_grad_scaler():
     module = LanguageModel(GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=32),
                            divergence=DivergenceConfig(verdict="device"))  # fmt: skip
