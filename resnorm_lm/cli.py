@@ -17,7 +17,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_only
@@ -142,6 +142,8 @@ class ResnormCLI(LightningCLI):
     def instantiate_trainer(self, **kwargs):
         trainer_cfg = self._get(self.config_init, "trainer", default={})
         callbacks = list(trainer_cfg.get("callbacks") or [])
+        if trainer_cfg.get("enable_progress_bar") is False:  # a profile's bar settings give way to turning it off
+            callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
         run, ckpt_dir = self.run_config, self.run_dir / "checkpoints"
         callbacks += [
             GoodStateCheckpoint(

@@ -275,6 +275,26 @@ def test_a_single_device_run_gets_no_ddp_wrapper(tmp_path, corpus):
     assert type(cli.trainer.strategy).__name__ == "SingleDeviceStrategy"
 
 
+def test_a_profile_progress_bar_gives_way_to_enable_progress_bar_false(tmp_path, corpus):
+    """The gpu profile sets a TQDMProgressBar; `--trainer.enable_progress_bar=false` (as `compare --jobs` adds)
+    must turn it off instead of failing (seen on an H100: Lightning's MisconfigurationException)."""
+    from lightning.pytorch.callbacks import ProgressBar
+
+    from resnorm_lm.cli import ResnormCLI
+    from resnorm_lm.recipes import expand_recipe_arguments
+
+    bar = (
+        '--trainer.callbacks+={"class_path": "lightning.pytorch.callbacks.TQDMProgressBar", '
+        '"init_args": {"refresh_rate": 10}}'
+    )
+    args = expand_recipe_arguments(smoke_args(tmp_path, corpus, f"--run.root={tmp_path}", bar))
+    cli = ResnormCLI(args=args[1:], run=False)
+    assert not any(isinstance(c, ProgressBar) for c in cli.trainer.callbacks)
+    on = [a for a in args if a != "--trainer.enable_progress_bar=false"]
+    cli = ResnormCLI(args=on[1:], run=False)
+    assert [c.refresh_rate for c in cli.trainer.callbacks if isinstance(c, ProgressBar)] == [10]
+
+
 def test_a_tuned_setting_applies_on_top_of_the_recipe_at_its_profile_only(tmp_path):
     from resnorm_lm.recipes import expand_recipe_arguments
 
