@@ -58,11 +58,15 @@ def read_summary(run_dir: Path) -> dict[str, Any]:
 
 
 def run_state(run_dir: Path) -> str:
-    """'finished' (eval.json from a completed fit), 'unfinished' (a checkpoint to resume) or 'missing'."""
-    has_ckpt = (run_dir / "checkpoints" / "last.ckpt").is_file()
-    if has_ckpt and read_summary(run_dir).get("finished"):
+    """'finished' (eval.json from a completed fit), 'unfinished' (a checkpoint to resume) or 'missing'.
+
+    A finished run stays finished when its checkpoints were deleted to save disk (or left behind on
+    the machine that trained it): its eval.json holds its results. Only a split never evaluated on
+    it then needs the checkpoint back (``ensure_evaluated`` says so).
+    """
+    if read_summary(run_dir).get("finished"):
         return "finished"
-    return "unfinished" if has_ckpt else "missing"
+    return "unfinished" if (run_dir / "checkpoints" / "last.ckpt").is_file() else "missing"
 
 
 def seconds_per_step(root: Path, profile: str) -> tuple[float | None, int]:
@@ -178,9 +182,16 @@ def evaluated(run_dir: Path, split: str) -> dict[str, Any] | None:
 
 def ensure_evaluated(run_dirs: list[Path], split: str) -> None:
     """Evaluate (every token of ``split`` once) the runs that have not been evaluated at their last step."""
-    todo = [str(d) for d in run_dirs if evaluated(d, split) is None and not read_summary(d).get("diverged")]
+    todo = [d for d in run_dirs if evaluated(d, split) is None and not read_summary(d).get("diverged")]
+    gone = [str(d) for d in todo if not (d / "checkpoints" / "last.ckpt").is_file()]
+    if gone:
+        raise SystemExit(
+            f"resnorm-lm compare: {len(gone)} finished run(s) need the {split} split evaluated but their "
+            f"checkpoints are gone: {', '.join(gone[:3])}{' ...' if len(gone) > 3 else ''}. Put "
+            f"checkpoints/last.ckpt back, or delete the run directory to retrain it."
+        )
     if todo:
-        evaluate_paths(todo, [split], progress=False)
+        evaluate_paths([str(d) for d in todo], [split], progress=False)
 
 
 def outcome(spec: RunSpec, run_dir: Path) -> RunOutcome:
@@ -192,10 +203,14 @@ def outcome(spec: RunSpec, run_dir: Path) -> RunOutcome:
 
 
 def unigram_reference(run_dir: Path) -> float:
-    from resnorm_lm.checkpoints import load_run
+    """The unigram cross-entropy of the data the run trained on (its settings from the run's config.yaml)."""
+    import yaml
+
+    from resnorm_lm.data.datamodule import TextDataModule
     from resnorm_lm.data.unigram import unigram_cross_entropy
 
-    dm = load_run(run_dir).datamodule
+    data = yaml.safe_load((run_dir / "config.yaml").read_text())["data"]
+    dm = TextDataModule(**data)
     dm.setup()
     return unigram_cross_entropy(dm.prepared)
 
@@ -279,13 +294,15 @@ def grid_rows(selections: dict[str, Selection], unigram: float | None) -> list[d
     rows = []
     for recipe, sel in selections.items():
         for score in sorted(sel.scores, key=lambda s: s.setting):
-            stuck = sum(o.not_learning(unigram) for o in score.outcomes)
-            status = f"diverged {score.n_diverged}/{len(score.outcomes)}" if score.n_diverged else "ok"
-            if stuck:
-                status = f"not learning {stuck}/{len(score.outcomes)}"
-            rows.append({"recipe": recipe, "lr": score.setting.lr, "warmup": score.setting.warmup,
-                         "n_seeds": len(score.outcomes), "val_loss_mean": score.mean if score.losses else None,
-                         "val_loss_std": score.std if score.losses else None, "status": status,
+            n, stuck = len(score.outcomes), sum(o.not_learning(unigram) for o in score.outcomes)
+            flags = [f"diverged {score.n_diverged}/{n}"] * bool(score.n_diverged) + [
+                f"not learning {stuck}/{n}"
+            ] * bool(stuck)
+            # the loss shown is over the seeds that did not diverge; such a setting is never chosen (score.mean)
+            rows.append({"recipe": recipe, "lr": score.setting.lr, "warmup": score.setting.warmup, "n_seeds": n,
+                         "val_loss_mean": statistics.fmean(score.losses) if score.losses else None,
+                         "val_loss_std": score.std if score.losses else None, "n_diverged": score.n_diverged,
+                         "status": ", ".join(flags) or "ok",
                          "chosen": sel.chosen is not None and score.setting == sel.chosen.setting})  # fmt: skip
     return rows
 
@@ -319,7 +336,7 @@ def markdown_report(table: list[dict], grid: list[dict], profile: str, command: 
         lines.append("| " + " | ".join([*cells, r["status"]]) + " |")
     if any(r.get("lr_edge") for r in table):
         lines += ["", "A chosen lr at the edge of the grid means the grid should be widened on that side."]
-    lines += ["", "## The grid (validation loss, mean over the seeds run at each setting)", ""]
+    lines += ["", "## The grid (validation loss, mean over the seeds run at each setting that did not diverge)", ""]
     lines += ["| recipe | lr | warmup | seeds | val loss | status | chosen |", "|---|---|---|---|---|---|---|"]
     for g in grid:
         lr = "recipe" if g["lr"] is None else f"{g['lr']:g}"
@@ -359,6 +376,11 @@ def command_line(args, profile: str) -> str:
     if args.warmups:
         parts.append(f'WARMUPS="{" ".join(map(str, args.warmups))}"')
     parts.append(f'SEEDS="{" ".join(map(str, args.seeds))}"')
+    extra = [f"--root {args.root}"] * (args.root != "runs") + [f'--train-args="{args.train_args}"'] * bool(
+        args.train_args
+    )
+    if extra:  # what else the runs need to be reproduced (where they live, how they were trained)
+        parts.append(f"ARGS='{' '.join(extra)}'")
     return " ".join(parts)
 
 
@@ -367,19 +389,21 @@ def write_tuned_overlays(table: list[dict], grid: list[dict], out_dir: Path, pro
     """``<results>/<profile>/tuned/<recipe>.yaml`` for every recipe with a chosen lr and warmup: copied into
     ``recipes/tuned/<profile>/``, it becomes that recipe's default at that profile."""
     for row in table:
-        if row.get("lr") is None or row.get("warmup") is None:
+        if row.get("lr") is None:
             continue
         evidence = [command, f"{hardware}, {time.strftime('%Y-%m-%d')}. Validation loss (mean over seeds):"]
         for g in grid:
             if g["recipe"] == row["recipe"]:
                 mark = "  <- chosen" if g["chosen"] else ""
-                evidence.append(f"lr {g['lr']:g}, warmup {g['warmup']}, {g['n_seeds']} seed(s): "
+                warmup = "the recipe's" if g["warmup"] is None else g["warmup"]
+                evidence.append(f"lr {g['lr']:g}, warmup {warmup}, {g['n_seeds']} seed(s): "
                                 f"{num(g['val_loss_mean'], g['val_loss_std'])} ({g['status']}){mark}")  # fmt: skip
         if row.get("lr_edge"):
             evidence.append(f"the chosen lr is the {row['lr_edge']} of the grid: widen it on that side")
         out_dir.mkdir(parents=True, exist_ok=True)
         with atomic_write(out_dir / f"{row['recipe']}.yaml", "w") as f:
-            f.write(tuned_overlay(row["recipe"], profile, row["lr"], int(row["warmup"]), evidence))
+            warmup = None if row.get("warmup") is None else int(row["warmup"])
+            f.write(tuned_overlay(row["recipe"], profile, row["lr"], warmup, evidence))
 
 
 # ---------------------------------------------------------------------- main

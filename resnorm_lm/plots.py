@@ -112,8 +112,9 @@ def plot_grad_norms(runs: dict[str, list[Path]], out_dir: Path) -> Path:
 def plot_lr_sensitivity(grid: list[dict], unigram: float | None, out_dir: Path) -> Path:
     """Final validation loss against peak LR (log axis): a line per recipe and warmup, the unigram level dashed.
 
-    ``grid`` rows: recipe, lr, warmup, val_loss_mean (None where every seed diverged), status, chosen.
-    Diverged settings are drawn as crosses at the top of the axes, not dropped.
+    ``grid`` rows: recipe, lr, warmup, val_loss_mean (over the seeds that did not diverge; None where none
+    did), n_diverged, status, chosen. A setting where any seed diverged is drawn as a cross at the top of
+    the axes, not dropped.
     """
     fig, ax = plt.subplots(figsize=(8, 5), dpi=90)
     warmups = sorted({g["warmup"] for g in grid if g["warmup"] is not None})
@@ -125,14 +126,14 @@ def plot_lr_sensitivity(grid: list[dict], unigram: float | None, out_dir: Path) 
         for warmup in sorted({g["warmup"] for g in grid if g["recipe"] == recipe}, key=lambda w: (w is None, w)):
             rows = sorted((g for g in grid if g["recipe"] == recipe and g["warmup"] == warmup and g["lr"] is not None),
                           key=lambda g: g["lr"])  # fmt: skip
-            ok = [g for g in rows if g["val_loss_mean"] is not None]
+            ok = [g for g in rows if g["val_loss_mean"] is not None and not g.get("n_diverged")]
             label = recipe if len(warmups) < 2 else f"{recipe}, warmup {warmup}"
             ax.plot([g["lr"] for g in ok], [g["val_loss_mean"] for g in ok], marker="o", ms=4, color=color,
                     ls=styles.get(warmup, "-"), label=label)  # fmt: skip
             chosen = [g for g in ok if g["chosen"]]
             ax.plot([g["lr"] for g in chosen], [g["val_loss_mean"] for g in chosen], marker="*", ms=12, color=color,
                     ls="none")  # fmt: skip
-            bad = [g for g in rows if g["val_loss_mean"] is None]
+            bad = [g for g in rows if g not in ok]  # a seed diverged: the setting does not train every time
             ax.plot([g["lr"] for g in bad], [top] * len(bad), marker="x", ms=8, color=color, ls="none")
     if unigram is not None:
         ax.axhline(unigram, color="gray", ls="--", lw=1)
@@ -146,5 +147,5 @@ def plot_lr_sensitivity(grid: list[dict], unigram: float | None, out_dir: Path) 
             transform=ax.get_yaxis_transform(),
         )  # x in axes fraction: stays in view on a log axis
     ax.set(xscale="log", xlabel="peak learning rate", ylabel="final validation loss (nats/token)",
-           title="LR sensitivity (star: chosen setting; x: diverged)")  # fmt: skip
+           title="LR sensitivity (star: chosen setting; x: a seed diverged)")  # fmt: skip
     return save_figure(fig, (ax,), (ax,), out_dir / "lr_sensitivity.png")

@@ -38,13 +38,15 @@ def tuned_path(recipe: str, profile: str, root: Path = RECIPES_DIR) -> Path | No
     return path if path.is_file() else None
 
 
-def tuned_overlay(recipe: str, profile: str, lr: float, warmup: int, evidence: list[str]) -> str:
-    """The text of ``recipes/tuned/<profile>/<recipe>.yaml`` for a chosen ``lr`` and ``warmup``; ``evidence``
-    (the command, the hardware, the grid's numbers) goes into its comments, one line each."""
+def tuned_overlay(recipe: str, profile: str, lr: float, warmup: int | None, evidence: list[str]) -> str:
+    """The text of ``recipes/tuned/<profile>/<recipe>.yaml`` for a chosen ``lr`` and ``warmup`` (None: the
+    recipe's own, as in a no-warmup ablation); ``evidence`` (the command, the hardware, the grid's numbers)
+    goes into its comments, one line each."""
     lines = [f"# {recipe} at the {profile} profile: the peak LR and warmup chosen by a sweep (make compare)."]
     lines += [f"#   {line}" for line in evidence]
-    lines += ["model:", "  optim:", f"    lr: {lr:g}             # peak learning rate",
-              f"    warmup_steps: {warmup}      # linear warmup steps"]  # fmt: skip
+    lines += ["model:", "  optim:", f"    {'lr: ' + format(lr, 'g'):<22}# peak learning rate"]
+    if warmup is not None:
+        lines.append(f"    {'warmup_steps: ' + str(warmup):<22}# linear warmup steps")
     return "\n".join(lines) + "\n"
 
 

@@ -255,6 +255,25 @@ def test_compare_shows_diverged_runs_as_diverged():
     assert "| postnorm-12l-nowarmup | - | - | 0 | - | - | - | - | - | diverged at every setting (1 runs) |" in text
 
 
+def test_a_setting_where_one_seed_diverged_shows_the_others_and_is_never_chosen(tmp_path):
+    from resnorm_lm.plots import plot_lr_sensitivity
+
+    def run(lr: float, seed: int, loss: float | None) -> RunOutcome:
+        return RunOutcome(RunSpec("rezero-12l", Setting(lr, 200), seed), loss, diverged=loss is None)
+
+    # seen on the H100 sweep: rezero at 1.6e-2 gave 5.071, 5.032 and one divergence
+    outcomes = [run(4e-3, s, v) for s, v in ((1, 5.39), (2, 5.40), (3, 5.42))]
+    outcomes += [run(1.6e-2, 1, 5.071), run(1.6e-2, 2, 5.032), run(1.6e-2, 3, None)]
+    sel = select("rezero-12l", outcomes)
+    assert sel.chosen.setting.lr == 4e-3  # lower finite losses at 1.6e-2 do not win: it must train every time
+    grid = {g["lr"]: g for g in grid_rows({"rezero-12l": sel}, unigram=6.4)}
+    assert grid[1.6e-2]["val_loss_mean"] == pytest.approx((5.071 + 5.032) / 2)  # not inf
+    assert grid[1.6e-2]["status"] == "diverged 1/3" and grid[1.6e-2]["n_diverged"] == 1
+    text = markdown_report([], list(grid.values()), "cpu", "make compare", 6.4, "x")
+    assert "| rezero-12l | 0.016 | 200 | 3 | 5.051 ± 0.028 | diverged 1/3 |  |" in text and "inf" not in text
+    assert plot_lr_sensitivity(list(grid.values()), 6.4, tmp_path).stat().st_size > 10_000
+
+
 # ---------------------------------------------------------------- atomic checkpoint files
 
 

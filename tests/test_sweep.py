@@ -175,3 +175,18 @@ def test_a_tiny_sweep_interrupted_then_finished_picks_on_validation_and_tests_on
     said = "compare: grid: 3 runs, 2 finished, 1 to train (0 to resume); not training them (--no-train)"
     assert said in fourth.stdout
     assert "compare: training" not in fourth.stdout and not (runs / "smoke-lr0.001-wu2-seed1").exists()
+    # checkpoints deleted to save disk (or left on the machine that trained the sweep): results still stand
+    for ckpt in runs.glob("*/checkpoints/*.ckpt"):
+        ckpt.unlink()
+    fifth = compare(tmp_path, corpus, "--no-train")
+    assert fifth.returncode == 0, fifth.stderr[-3000:]
+    assert "compare: grid: 2 runs, 2 finished, 0 to train" in fifth.stdout
+    assert list(csv.DictReader((tmp_path / "results" / "smoke" / "compare.csv").open())) == table
+    # a split that was never evaluated needs the weights: a clear error, nothing retrained in silence
+    summary_path = runs / "smoke-lr0.003-wu2-seed1" / "eval.json"
+    summary = json.loads(summary_path.read_text())
+    del summary["eval"]["test"]
+    summary_path.write_text(json.dumps(summary))
+    sixth = compare(tmp_path, corpus)
+    assert sixth.returncode != 0 and "checkpoints are gone" in sixth.stderr, sixth.stderr[-2000:]
+    assert "smoke-lr0.003-wu2-seed1" in sixth.stderr and "compare: training" not in sixth.stdout
