@@ -86,13 +86,55 @@ def bench_case(norm, with_d, dtype, n, rows, device, copy_gbs):
             torch.autograd.backward([y, s] if with_d else [y], [dy, dy] if with_d else [dy])
 
         both_ms = do_bench(fwd_bwd, grad_to_none=[t for t in (x, d, w, b) if t is not None])
-        for phase, ms in (("fwd", fwd_ms), ("fwd+bwd", both_ms)):
-            nbytes = traffic_bytes(rows, n, x.element_size(), with_d, is_rms, phase == "fwd+bwd")
+        for phase, ms in (("fwd", fwd_ms), ("fwd+bwd", both_ms), ("bwd", both_ms - fwd_ms)):
+            nbytes = traffic_bytes(rows, n, x.element_size(), with_d, is_rms, phase != "fwd")
+            if phase == "bwd":  # the backward's own bytes: all minus the forward's
+                nbytes -= traffic_bytes(rows, n, x.element_size(), with_d, is_rms, False)
             gbs = nbytes / (ms * 1e-3) / 1e9
             rows_out.append(dict(norm=norm, residual=with_d, dtype=str(dtype).replace("torch.", ""), hidden=n,
                                  rows=rows, impl=impl, phase=phase, ms=round(ms, 4), gb_s=round(gbs, 1),
                                  of_copy=round(gbs / copy_gbs, 3)))  # fmt: skip
     return rows_out
+
+
+def host_overhead_us(device, n: int = 768, rows: int = 8, calls: int = 300) -> list[dict]:
+    """Host (CPU) microseconds per call on a tiny input, where GPU time is negligible: the launch cost.
+
+    Each figure is the wall time of ``calls`` back-to-back calls, then one synchronize, divided by ``calls``.
+    """
+    import time
+
+    from resnorm_lm.kernels.add_norm_ops import add_norm
+
+    x = torch.randn(rows, n, dtype=torch.bfloat16, device=device, requires_grad=True)
+    d = torch.randn_like(x, requires_grad=True)
+    w = torch.ones(n, dtype=torch.bfloat16, device=device, requires_grad=True)
+    b = torch.zeros(n, dtype=torch.bfloat16, device=device, requires_grad=True)
+    dy = torch.randn_like(x)
+    impls = {
+        "triton": lambda: add_norm(x, d, w, b, 1e-5, False),
+        "torch": lambda: torch_add_norm(x, d, w, b, 1e-5, False),
+    }
+    out = []
+    for impl, fn in impls.items():
+        for phase in ("fwd", "fwd+bwd"):
+
+            def call(fn=fn, phase=phase):
+                y, s = fn()
+                if phase == "fwd+bwd":
+                    torch.autograd.backward([y, s], [dy, dy])
+
+            for _ in range(20):
+                call()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                call()
+            torch.cuda.synchronize()
+            out.append(
+                {"impl": impl, "phase": phase, "us_per_call": round((time.perf_counter() - t0) / calls * 1e6, 1)}
+            )
+    return out
 
 
 def interpreter_smoke() -> int:
@@ -125,6 +167,9 @@ def main() -> int:
     copy_gbs = copy_bandwidth(device)
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  python {platform.python_version()}")
     print(f"device-to-device copy: {copy_gbs:.0f} GB/s (the ceiling for of_copy)")
+    overhead = host_overhead_us(device)
+    print("host time per call, layernorm + residual, 8 x 768 bf16 (launch-bound), microseconds: "
+          + ", ".join(f"{r['impl']} {r['phase']} {r['us_per_call']:.0f}" for r in overhead))  # fmt: skip
     results = []
     for dtype in (getattr(torch, name) for name in args.dtypes):
         for norm in ("layernorm", "rmsnorm"):

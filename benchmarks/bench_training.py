@@ -50,31 +50,58 @@ def machine() -> str:
 
 
 class StepTimer(L.Callback):
-    """Per-step compute time and the gap between steps (data wait + loop overhead), written at the end."""
+    """Per-step host times and the gap between steps (data wait + loop overhead), written at the end.
+
+    On a GPU the host runs ahead of the device, so single steps are not timed there: the device is
+    synchronized only where the timed window opens (before step ``RESNORM_LM_BENCH_WARMUP``) and
+    closes (after the last step), which makes the window's tokens/s exact without a sync per step.
+    """
 
     def __init__(self) -> None:
         self.starts: list[float] = []
         self.ends: list[float] = []
 
     def on_train_batch_start(self, trainer, *args) -> None:
+        if len(self.starts) == int(os.environ.get("RESNORM_LM_BENCH_WARMUP", "0")):
+            sync(trainer.strategy.root_device)
         self.starts.append(time.perf_counter())
 
     def on_train_batch_end(self, trainer, *args) -> None:
+        if len(self.ends) + 1 == trainer.max_steps:
+            sync(trainer.strategy.root_device)
         self.ends.append(time.perf_counter())
 
     def on_train_end(self, trainer, pl_module) -> None:
         Path(os.environ["RESNORM_LM_BENCH_OUT"]).write_text(json.dumps({"starts": self.starts, "ends": self.ends}))
 
 
-def lightning_child(steps: int, out: str) -> None:
-    """`resnorm-lm fit` on the cpu profile's prenorm-12l, with every callback a user run has."""
+def sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# the model each bench profile times: the profile's own prenorm-12l; on a GPU, GPT-2 small on Shakespeare (offline)
+BENCH_PROFILES = {
+    "cpu": {"fit": ["--profile", "cpu"], "data": {}, "warmup": 8, "steps": 40, "quick": (4, 12)},
+    "gpu": {"fit": ["--profile", "gpu", "--data.corpus=shakespeare", "--trainer.accumulate_grad_batches=1",
+                    "--trainer.num_sanity_val_steps=0"],
+            "data": {"corpus": "shakespeare"}, "warmup": 15, "steps": 45, "quick": (5, 15)},
+}  # fmt: skip
+
+
+def lightning_child(profile: str, compile_: bool, steps: int, warmup: int, out: str) -> None:
+    """`resnorm-lm fit` on the profile's prenorm-12l, with every callback a user run has."""
     from resnorm_lm.cli import main
 
     os.environ["RESNORM_LM_BENCH_OUT"] = out
+    os.environ["RESNORM_LM_BENCH_WARMUP"] = str(warmup)
     with tempfile.TemporaryDirectory() as root:
-        code = main(["fit", "--recipe", "prenorm-12l", "--profile", "cpu", f"--run.root={root}",
-                     f"--trainer.max_steps={steps}", f"--trainer.val_check_interval={steps * 10}",
-                     "--run.sample_tokens=0", "--trainer.enable_progress_bar=true",
+        code = main(["fit", "--recipe", "prenorm-12l", *BENCH_PROFILES[profile]["fit"], f"--run.root={root}",
+                     f"--model.compile={str(compile_).lower()}", f"--trainer.max_steps={steps}",
+                     f"--trainer.val_check_interval={steps * 10}", "--run.sample_tokens=0",
+                     "--trainer.enable_progress_bar=false",
                      "--trainer.callbacks+=benchmarks.bench_training.StepTimer"])  # fmt: skip
     usage = resource.getrusage(resource.RUSAGE_SELF)
     data = json.loads(Path(out).read_text())
@@ -83,7 +110,7 @@ def lightning_child(steps: int, out: str) -> None:
     Path(out).write_text(json.dumps(data))
 
 
-def bare_child(steps: int, out: str) -> None:
+def bare_child(profile: str, compile_: bool, steps: int, warmup: int, out: str) -> None:
     """The same model, data, precision, optimizer, schedule and clipping as plainly as possible."""
     import torch
     import yaml
@@ -91,40 +118,57 @@ def bare_child(steps: int, out: str) -> None:
     from resnorm_lm.data.datamodule import TextDataModule
     from resnorm_lm.model import GPT, GPTConfig
     from resnorm_lm.optim import OptimConfig, build_optimizer
+    from resnorm_lm.precision import choose_auto, set_matmul_precision_for
 
-    profile = yaml.safe_load((ROOT / "recipes/profiles/cpu.yaml").read_text())
+    config = yaml.safe_load((ROOT / f"recipes/profiles/{profile}.yaml").read_text())
     recipe = yaml.safe_load((ROOT / "recipes/prenorm-12l.yaml").read_text())
-    data_cfg = profile["data"]
-    arch = {**profile["model"]["arch"], **recipe["model"]["arch"]}
-    torch.manual_seed(profile["seed_everything"])
+    data_cfg = {**config["data"], **BENCH_PROFILES[profile]["data"]}
+    arch = {**config["model"]["arch"], **recipe["model"]["arch"]}
+    device = torch.device("cuda" if profile == "gpu" else "cpu")
+    set_matmul_precision_for(device.type == "cuda")
+    autocast = choose_auto(device.type == "cuda").precision == "bf16-mixed"  # what `precision: auto` picks in fit
+    torch.manual_seed(config["seed_everything"])
     dm = TextDataModule(**data_cfg)
     dm.prepare_data()
     dm.setup()
-    model = GPT(GPTConfig(**arch, vocab_size=data_cfg["vocab_size"], block_size=data_cfg["block_size"]))
-    optimizer, schedule = build_optimizer(model, OptimConfig(**profile["model"]["optim"]), steps)
+    model = GPT(GPTConfig(**arch, vocab_size=data_cfg["vocab_size"], block_size=data_cfg["block_size"])).to(device)
+    optimizer, schedule = build_optimizer(model, OptimConfig(**config["model"]["optim"]), steps)  # fused on CUDA
+    if compile_:
+        model.compile()
     starts, ends = [], []
     batches = iter(dm.train_dataloader())
     model.train()
-    for _ in range(steps):
+    for step in range(steps):
+        if step == warmup:
+            sync(device)
         starts.append(time.perf_counter())
-        x, y = next(batches)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        x, y = (t.to(device, non_blocking=True) for t in next(batches))
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
             _, loss = model(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         schedule.step()
+        if step == steps - 1:
+            sync(device)
         ends.append(time.perf_counter())
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    Path(out).write_text(json.dumps({"starts": starts, "ends": ends, "max_rss_mb": usage.ru_maxrss / 1024}))
+    per_token = 6 * model.num_parameters() + 12 * arch["n_layer"] * arch["n_embd"] * data_cfg["block_size"]
+    Path(out).write_text(json.dumps({"starts": starts, "ends": ends, "max_rss_mb": usage.ru_maxrss / 1024,
+                                     "flops_per_token": per_token,
+                                     "tokens_per_step": data_cfg["batch_size"] * data_cfg["block_size"],
+                                     "precision": "bf16-mixed" if autocast else "32-true"}))  # fmt: skip
 
 
-def run_child(kind: str, steps: int) -> dict:
+def run_child(kind: str, profile: str, compile_: bool, steps: int, warmup: int) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = f.name
-    cmd = [sys.executable, __file__, "--child", kind, "--steps", str(steps), "--out", out]
-    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cmd = [sys.executable, __file__, "--child", kind, "--profile", profile, f"--child-compile={int(compile_)}",
+           "--steps", str(steps), "--warmup", str(warmup), "--out", out]  # fmt: skip
+    done = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"bench child {kind} (compile={compile_}) failed:\n{done.stderr[-4000:]}")
     data = json.loads(Path(out).read_text())
     os.unlink(out)
     return data
@@ -184,29 +228,46 @@ def bench_norms(widths: list[int], rows: int, repeat: int) -> list[dict]:
     return out
 
 
-def bench_placements(steps: int) -> list[dict]:
+def bench_placements(steps: int, device, placements: list[str], backends: list[str], compiles: list[bool],
+                     shape: dict) -> list[dict]:  # fmt: skip
+    """Step time (fwd + bwd + AdamW, precision as `auto` picks) of the profile's model, per placement,
+    backend and compile setting."""
     import torch
 
     from resnorm_lm.model import GPT, GPTConfig
-    from resnorm_lm.placements import PLACEMENTS
+    from resnorm_lm.precision import choose_auto
 
+    torch._dynamo.config.recompile_limit = 64
+    autocast = choose_auto(device.type == "cuda").precision == "bf16-mixed"  # as `precision: auto` in fit
     out = []
-    for placement in PLACEMENTS.names():
-        torch.manual_seed(0)
-        model = GPT(GPTConfig(vocab_size=8192, block_size=128, n_layer=12, n_head=4, n_embd=128, placement=placement))
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        x, y = torch.randint(0, 8192, (16, 128)), torch.randint(0, 8192, (16, 128))
+    for placement in placements:
+        for backend in backends:
+            for compiled in compiles:
+                torch.manual_seed(0)
+                cfg = GPTConfig(vocab_size=shape["vocab"], block_size=shape["block"], n_layer=12,
+                                n_head=shape["heads"], n_embd=shape["width"], placement=placement,
+                                norm_backend=backend)  # fmt: skip
+                model = GPT(cfg).to(device)
+                if compiled:
+                    model.compile()
+                opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+                x = torch.randint(0, shape["vocab"], (shape["batch"], shape["block"]), device=device)
+                y = torch.randint(0, shape["vocab"], (shape["batch"], shape["block"]), device=device)
 
-        def step():
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                _, loss = model(x, y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+                def step(model=model, opt=opt, x=x, y=y):
+                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+                        _, loss = model(x, y)
+                    loss.backward()
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                    sync(device)
 
-        out.append({"placement": placement, "step_s": time_it(step, steps)})
-    base = next(r["step_s"] for r in out if r["placement"] == "prenorm")
+                out.append({"placement": placement, "backend": backend, "compile": compiled,
+                            "step_s": time_it(step, steps)})  # fmt: skip
+                del model, opt
     for r in out:
+        base = next(b["step_s"] for b in out if b["placement"] == "prenorm" and
+                    (b["backend"], b["compile"]) == (r["backend"], r["compile"]))  # fmt: skip
         r["vs_prenorm"] = round(r["step_s"] / base, 3)
         r["step_s"] = round(r["step_s"], 4)
     return out
@@ -247,71 +308,154 @@ def write_csv(name: str, rows: list[dict]) -> None:
         writer.writerows(rows)
 
 
+def peak_flops() -> float | None:
+    """The GPU's dense bf16 peak (Lightning's table), for MFU; None off CUDA."""
+    import torch
+    from lightning.fabric.utilities.throughput import get_available_flops
+
+    if not torch.cuda.is_available():
+        return None
+    return get_available_flops(torch.device("cuda"), torch.bfloat16)
+
+
+def bench_throughput(profile: str, compiles: list[bool], rounds: int, steps: int, warmup: int) -> list[dict]:
+    """Lightning's `fit` against the bare loop, alternating, each in its own process; medians over rounds."""
+    peak = peak_flops() if profile == "gpu" else None
+    rows = []
+    for compiled in compiles:
+        results = {"lightning": [], "bare": []}
+        per_token = tokens_per_step = None
+        for _ in range(rounds):
+            for kind in ("lightning", "bare"):
+                data = run_child(kind, profile, compiled, steps, warmup)
+                per_token = data.get("flops_per_token", per_token)
+                tokens_per_step = data.get("tokens_per_step", tokens_per_step)
+                results[kind].append(data)
+                if tokens_per_step:  # as each child ends: a long benchmark cut short still says something
+                    rate = steady_rate(data, warmup, tokens_per_step)["tokens_per_s"]
+                    print(f"  {kind} (compile={str(compiled).lower()}): {rate:.0f} tokens/s", flush=True)
+        for kind, runs in results.items():
+            rates = [steady_rate(r, warmup, tokens_per_step) for r in runs]
+            tps = statistics.median(r["tokens_per_s"] for r in rates)
+            rows.append({"path": kind, "compile": compiled, "tokens_per_s": round(tps),
+                         "step_s": round(statistics.median(r["step_s"] for r in rates), 4),
+                         "gap_fraction": round(statistics.median(r["gap_fraction"] for r in rates), 4),
+                         "mfu": round(tps * per_token / peak, 3) if peak else None,
+                         "max_rss_mb": round(max(r["max_rss_mb"] for r in rates))})  # fmt: skip
+    return rows
+
+
+def print_throughput(rows: list[dict], profile: str, rounds: int, steps: int, warmup: int) -> None:
+    print(f"training throughput, {profile} profile prenorm-12l ({PROFILE_SHAPES[profile]}), "
+          f"steps {warmup}..{steps} of {rounds} alternating run(s) each, medians:")  # fmt: skip
+    gpu = profile == "gpu"
+    print(f"{'path':10} {'compile':8} {'tokens/s':>9} {'s/step':>8} "
+          + (f"{'MFU':>6}" if gpu else f"{'between steps':>14} {'peak RSS MB':>12}"))  # fmt: skip
+    for r in rows:
+        tail = f"{r['mfu']:6.3f}" if gpu else f"{r['gap_fraction']:13.2%} {r['max_rss_mb']:12d}"
+        print(f"{r['path']:10} {str(r['compile']).lower():8} {r['tokens_per_s']:9d} {r['step_s']:8.4f} {tail}")
+    for compiled in sorted({r["compile"] for r in rows}):
+        pair = {r["path"]: r["tokens_per_s"] for r in rows if r["compile"] == compiled}
+        print(f"lightning_vs_bare_ratio (compile={str(compiled).lower()})={pair['lightning'] / pair['bare']:.3f}")
+    if gpu:
+        print("(MFU: (6N + 12 L C T) FLOPs per token x tokens/s / the GPU's dense bf16 peak; the device is "
+              "synchronized only where the timed window opens and closes)\n")  # fmt: skip
+    else:
+        print("('between steps' is the time from one step's end to the next step's start: data loading plus loop "
+              "overhead)\n")  # fmt: skip
+
+
+PROFILE_SHAPES = {
+    "cpu": "12 x 128 wide, context 128, batch 16, precision as `auto` picks",
+    "gpu": "GPT-2 small: 12 x 768 wide, vocab 32768, context 1024, batch 32, bf16-mixed, Shakespeare",
+}
+PLACEMENT_SHAPES = {
+    "cpu": {"vocab": 8192, "block": 128, "heads": 4, "width": 128, "batch": 16},
+    "gpu": {"vocab": 32768, "block": 1024, "heads": 12, "width": 768, "batch": 32},
+}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer steps, rounds and widths")
+    parser.add_argument("--profile", choices=["auto", "cpu", "gpu"], default="auto",
+                        help="the model and data timed (auto: gpu where CUDA is available)")  # fmt: skip
+    parser.add_argument("--compile", choices=["off", "on", "both"], default=None,
+                        help="torch.compile in the throughput and placement tables "
+                        "(default: off on cpu, both on gpu)")  # fmt: skip
+    parser.add_argument("--placements", nargs="+", default=None, help="placements timed (default: all on cpu, "
+                        "prenorm and postnorm on gpu)")  # fmt: skip
+    parser.add_argument("--only", nargs="+", choices=["throughput", "placements", "eval", "norms"], default=None,
+                        help="run only these sections")  # fmt: skip
     parser.add_argument("--child", choices=["lightning", "bare"], help=argparse.SUPPRESS)
+    parser.add_argument("--child-compile", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--steps", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--warmup", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    import torch
+
+    profile = args.profile if args.profile != "auto" else ("gpu" if torch.cuda.is_available() else "cpu")
     if args.child:
-        (lightning_child if args.child == "lightning" else bare_child)(args.steps, args.out)
+        child = lightning_child if args.child == "lightning" else bare_child
+        child(profile, bool(args.child_compile), args.steps, args.warmup, args.out)
         return 0
-    steps, rounds, warmup = (12, 1, 4) if args.quick else (40, 2, 8)
+    if profile == "gpu" and not torch.cuda.is_available():
+        print("bench: --profile gpu needs a CUDA GPU; none here", file=sys.stderr)
+        return 2
+    compile_choice = args.compile or ("both" if profile == "gpu" else "off")
+    compiles = {"off": [False], "on": [True], "both": [False, True]}[compile_choice]
+    sections = args.only or ["throughput", "placements", "eval", "norms"]
+    bp = BENCH_PROFILES[profile]
+    warmup, steps = bp["quick"] if args.quick else (bp["warmup"], bp["steps"])
+    rounds = 1 if args.quick or profile == "gpu" else 2
     widths = [128, 1024] if args.quick else [128, 256, 512, 1024, 2048, 4096]
     print(f"machine: {machine()}")
     print(f"command: {' '.join([Path(sys.argv[0]).name, *sys.argv[1:]])}\n")
+    written = []
 
-    tokens_per_step = 16 * 128
-    results = {"lightning": [], "bare": []}
-    for _ in range(rounds):
-        for kind in ("lightning", "bare"):
-            results[kind].append(steady_rate(run_child(kind, steps), warmup, tokens_per_step))
-    rows = []
-    for kind, runs in results.items():
-        rows.append({"path": kind, "tokens_per_s": round(statistics.median(r["tokens_per_s"] for r in runs)),
-                     "step_s": round(statistics.median(r["step_s"] for r in runs), 4),
-                     "gap_fraction": round(statistics.median(r["gap_fraction"] for r in runs), 4),
-                     "max_rss_mb": round(max(r["max_rss_mb"] for r in runs))})  # fmt: skip
-    ratio = rows[0]["tokens_per_s"] / rows[1]["tokens_per_s"]
-    print("training throughput, cpu profile prenorm-12l (12 x 128 wide, context 128, batch 16, bf16-mixed),")
-    print(f"steps {warmup}..{steps} of {rounds} alternating runs each, medians:")
-    print(f"{'path':10} {'tokens/s':>9} {'s/step':>8} {'between steps':>14} {'peak RSS MB':>12}")
-    for r in rows:
-        print(
-            f"{r['path']:10} {r['tokens_per_s']:9d} {r['step_s']:8.4f} {r['gap_fraction']:13.2%} {r['max_rss_mb']:12d}"
-        )
-    print(f"lightning_vs_bare_ratio={ratio:.3f}")
-    print(
-        "('between steps' is the time from one step's end to the next step's start: data loading plus loop overhead)\n"
-    )
-    write_csv("training.csv", rows)
+    if "throughput" in sections:
+        rows = bench_throughput(profile, compiles, rounds, steps, warmup)
+        print_throughput(rows, profile, rounds, steps, warmup)
+        write_csv(f"training_{profile}.csv", rows)
+        written.append(f"training_{profile}.csv")
 
-    extra = bench_eval_and_tokenizer()
-    print(f"evaluation: {extra['eval_tokens_per_s']} tokens/s (bf16, batch 32 x 128); "
-          f"tokenization: {extra['tokenize_tokens_per_s']} tokens/s (encode_batch)\n")  # fmt: skip
+    if "eval" in sections and profile == "cpu":
+        extra = bench_eval_and_tokenizer()
+        print(f"evaluation: {extra['eval_tokens_per_s']} tokens/s (batch 32 x 128); "
+              f"tokenization: {extra['tokenize_tokens_per_s']} tokens/s (encode_batch)\n")  # fmt: skip
 
-    placements = bench_placements(3 if args.quick else 5)
-    print("step time by placement (cpu-profile model, bf16 autocast, fwd+bwd+AdamW), relative to prenorm:")
-    for r in placements:
-        print(f"  {r['placement']:11} {r['step_s']:.3f} s  x{r['vs_prenorm']:.2f}")
-    write_csv("placements.csv", placements)
+    if "placements" in sections:
+        from resnorm_lm.placements import PLACEMENTS
 
-    norms = bench_norms(widths, 4096 if not args.quick else 1024, 5 if args.quick else 10)
-    print(f"\nnorms, forward+backward of {norms[0]['rows']} rows (ms), eager / torch.compile:")
-    print(f"{'norm':10} {'mode':9} " + " ".join(f"{w:>13}" for w in widths))
-    for name in ("layernorm", "rmsnorm", "scalenorm", "dyt"):
-        for mode in ("norm", "add+norm"):
-            cells = []
-            for w in widths:
-                e = next(r for r in norms if (r["norm"], r["mode"], r["impl"], r["width"]) == (name, mode, "eager", w))
-                c = next(
-                    r for r in norms if (r["norm"], r["mode"], r["impl"], r["width"]) == (name, mode, "compile", w)
-                )
-                cells.append(f"{e['fwd_bwd_ms']:6.2f}/{c['fwd_bwd_ms']:6.2f}")
-            print(f"{name:10} {mode:9} " + " ".join(f"{c:>13}" for c in cells))
-    write_csv("norms.csv", norms)
-    print(f"\nwrote {RESULTS}/training.csv, placements.csv, norms.csv")
+        device = torch.device("cuda" if profile == "gpu" else "cpu")
+        names = args.placements or (["prenorm", "postnorm"] if profile == "gpu" else PLACEMENTS.names())
+        backends = ["torch", "triton"] if profile == "gpu" else ["torch"]
+        placements = bench_placements(3 if args.quick else 5, device, names, backends, compiles,
+                                      PLACEMENT_SHAPES[profile])  # fmt: skip
+        print(f"step time by placement ({profile}-profile model, precision as `auto` picks, fwd+bwd+AdamW), "
+              "relative to prenorm with the same backend and compile setting:")  # fmt: skip
+        for r in placements:
+            print(f"  {r['placement']:11} {r['backend']:7} compile={str(r['compile']).lower():5} "
+                  f"{r['step_s']:.4f} s  x{r['vs_prenorm']:.2f}")  # fmt: skip
+        write_csv(f"placements_{profile}.csv", placements)
+        written.append(f"placements_{profile}.csv")
+
+    if "norms" in sections and profile == "cpu":  # on a GPU: make bench-kernels
+        norms = bench_norms(widths, 4096 if not args.quick else 1024, 5 if args.quick else 10)
+        print(f"\nnorms, forward+backward of {norms[0]['rows']} rows (ms), eager / torch.compile:")
+        print(f"{'norm':10} {'mode':9} " + " ".join(f"{w:>13}" for w in widths))
+        for name in ("layernorm", "rmsnorm", "scalenorm", "dyt"):
+            for mode in ("norm", "add+norm"):
+                cells = []
+                for w in widths:
+                    key = {(r["norm"], r["mode"], r["impl"], r["width"]): r for r in norms}
+                    e, c = key[(name, mode, "eager", w)], key[(name, mode, "compile", w)]
+                    cells.append(f"{e['fwd_bwd_ms']:6.2f}/{c['fwd_bwd_ms']:6.2f}")
+                print(f"{name:10} {mode:9} " + " ".join(f"{c:>13}" for c in cells))
+        write_csv("norms.csv", norms)
+        written.append("norms.csv")
+    print(f"\nwrote {', '.join(str(RESULTS / w) for w in written)}")
     return 0
 
 
