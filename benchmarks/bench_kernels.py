@@ -137,6 +137,47 @@ def host_overhead_us(device, n: int = 768, rows: int = 8, calls: int = 300) -> l
     return out
 
 
+def python_overhead_without_gpu(calls: int = 2000) -> int:
+    """Host microseconds per call of the Python around the kernels, with the Triton launches stubbed out
+    (what a CPU can say about launch cost): the eager fast path, the custom operators, and torch eager."""
+    import time
+
+    import resnorm_lm.kernels.add_norm as kernels
+    from resnorm_lm.kernels import add_norm_ops as ops
+
+    class NoLaunch:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: None
+
+    kernels._add_norm_fwd = kernels._add_norm_bwd = NoLaunch()
+    x, d = (torch.randn(8, 768, requires_grad=True) for _ in range(2))
+    w, b, dy = torch.ones(768, requires_grad=True), torch.zeros(768, requires_grad=True), torch.randn(8, 768)
+
+    def fused_op():
+        y, s, _, _ = ops.add_norm_fwd(x, d, w, b, 1e-5, False, None)
+        return y, s
+
+    paths = {"fast path": lambda: ops.add_norm(x, d, w, b, 1e-5, False), "custom op": fused_op,
+             "torch eager (real compute)": lambda: torch_add_norm(x, d, w, b, 1e-5, False)}  # fmt: skip
+    print(f"Python host time per call, 8 x 768 fp32, Triton launches stubbed out, {calls} calls "
+          f"({platform.processor() or platform.machine()}, torch {torch.__version__}):")  # fmt: skip
+    for name, fn in paths.items():
+        for phase in ("fwd", "fwd+bwd"):
+
+            def call(fn=fn, phase=phase):
+                y, s = fn()
+                if phase == "fwd+bwd":
+                    torch.autograd.backward([y, s], [dy, dy])
+
+            for _ in range(50):
+                call()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                call()
+            print(f"  {name:28} {phase:8} {(time.perf_counter() - t0) / calls * 1e6:7.1f} us")
+    return 0
+
+
 def interpreter_smoke() -> int:
     from resnorm_lm.kernels.add_norm_ops import add_norm
 
@@ -156,7 +197,12 @@ def main() -> int:
     parser.add_argument("--hidden", type=int, nargs="+", default=[768, 1024, 2048, 4096, 8192])
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float16", "float32"])
     parser.add_argument("--csv", default=str(ROOT / "benchmarks" / "results" / "kernels.csv"))
+    parser.add_argument("--python-overhead", action="store_true",
+                        help="no GPU needed: host time of the Python around the kernels, "
+                        "launches stubbed out")  # fmt: skip
     args = parser.parse_args()
+    if args.python_overhead:
+        return python_overhead_without_gpu()
     if not torch.cuda.is_available():
         if os.environ.get("TRITON_INTERPRET") == "1":
             return interpreter_smoke()

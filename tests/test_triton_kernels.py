@@ -215,3 +215,34 @@ def test_torch_compile_traces_the_fused_kernels_with_dynamic_shapes(placement):
             torch.testing.assert_close(g, r)
         with torch.no_grad():
             torch.testing.assert_close(compiled(idx)[0], ref_logits)
+
+
+@pytest.mark.parametrize("is_rms, with_bias", [(False, True), (False, False), (True, False)])
+def test_the_eager_fast_path_matches_the_operators(is_rms, with_bias):
+    """Eager calls skip the operator dispatch (host time per call) and must give the operators' results,
+    also when only one of (y, s) is used downstream (its gradient then arrives as None)."""
+    from resnorm_lm.kernels import add_norm_ops as ops
+
+    torch.manual_seed(0)
+    x, d = torch.randn(2, 7, 48, requires_grad=True), torch.randn(2, 7, 48, requires_grad=True)
+    w = torch.randn(48, requires_grad=True)
+    b = torch.randn(48, requires_grad=True) if with_bias else None
+    params = [t for t in (x, d, w, b) if t is not None]
+    y, s = ops.add_norm(x, d, w, b, 1e-5, is_rms)
+    assert type(y.grad_fn).__name__ == "_AddNormFunctionBackward"
+    y_op, s_op, _, _ = ops.add_norm_fwd(x, d, w, b, 1e-5, is_rms, None)
+    torch.testing.assert_close(y, y_op)
+    torch.testing.assert_close(s, s_op)
+    for use in (lambda y, s: (y * y).sum(), lambda y, s: (s * s).sum(), lambda y, s: (y * s).sum()):
+        fast = torch.autograd.grad(use(*ops.add_norm(x, d, w, b, 1e-5, is_rms)), params)
+        slow = torch.autograd.grad(use(y_op, s_op), params, retain_graph=True)
+        for got, want in zip(fast, slow):
+            torch.testing.assert_close(got, want)
+    plain = ops.norm(x, w, b, 1e-5, is_rms)
+    plain_op = ops.norm_fwd(x, w, b, 1e-5, is_rms)[0]
+    torch.testing.assert_close(plain, plain_op)
+    no_d = [t for t in (x, w, b) if t is not None]
+    for got, want in zip(
+        torch.autograd.grad(plain.pow(2).sum(), no_d), torch.autograd.grad(plain_op.pow(2).sum(), no_d)
+    ):
+        torch.testing.assert_close(got, want)

@@ -11,6 +11,7 @@ Set ``TRITON_INTERPRET=1`` before importing this module to run it on CPU tensors
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -141,6 +142,7 @@ def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
     return t2 if t2.stride(-1) == 1 else t2.contiguous()
 
 
+@functools.lru_cache(maxsize=1024)  # called on every launch: host time per call matters at small shapes
 def launch_config(n_rows: int, n: int, elem_size: int) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps): the row tile and warps for a hidden size, by heuristic."""
     if n * elem_size > MAX_ROW_BYTES:
@@ -183,10 +185,15 @@ def add_norm_forward(x, d, weight, bias, eps: float, is_rms: bool, residual_dtyp
     return y2.view(x.shape), s2.view(x.shape), mean, rstd, s2
 
 
-def _programs(n_tiles: int) -> int:
-    if INTERPRETING or not torch.cuda.is_available():
+def _programs(n_tiles: int, device: torch.device) -> int:
+    if INTERPRETING or device.type != "cuda":
         return min(n_tiles, 4)
-    return min(n_tiles, 4 * torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count)
+    return min(n_tiles, 4 * _multiprocessors(device.index if device.index is not None else 0))
+
+
+@functools.cache
+def _multiprocessors(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def add_norm_backward(dy, ds, s2, weight, bias, mean, rstd, is_rms: bool, x_dtype):
@@ -197,7 +204,7 @@ def add_norm_backward(dy, ds, s2, weight, bias, mean, rstd, is_rms: bool, x_dtyp
     dx = torch.empty((m, n), dtype=x_dtype, device=s2.device)
     block_m, block_n, num_warps = launch_config(m, n, s2.element_size())
     n_tiles = triton.cdiv(m, block_m)
-    programs = max(_programs(n_tiles), 1)
+    programs = max(_programs(n_tiles, s2.device), 1)
     tiles_per_program = triton.cdiv(n_tiles, programs)
     dw_part = torch.empty((programs, n), dtype=torch.float32, device=s2.device)
     db_part = torch.empty((programs, n), dtype=torch.float32, device=s2.device) if bias is not None else None

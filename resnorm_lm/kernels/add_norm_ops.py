@@ -120,16 +120,48 @@ def _(dy, ds, s, weight, bias, mean, rstd, is_rms, x_dtype):
     return s.new_empty(s.shape, dtype=x_dtype), weight.new_empty(weight.shape), db
 
 
+# ---------------------------------------------------------------------- the eager fast path
+
+
+class _AddNormFunction(torch.autograd.Function):
+    """The same kernels without the operator dispatch: in eager mode a custom operator's Python wrapper,
+    schema handling and autograd registration cost more host time per call than the launch itself
+    (docs/benchmarks.md); torch.compile still sees the operators (``add_norm`` below picks)."""
+
+    @staticmethod
+    def forward(ctx, x, d, weight, bias, eps, is_rms, residual_dtype):
+        y, s, mean, rstd, s2 = add_norm_forward(x, d, weight, bias, eps, is_rms, residual_dtype)
+        ctx.save_for_backward(s2, weight, bias, mean, rstd)  # s2: (M, N) rows of s
+        ctx.is_rms, ctx.shape, ctx.dtypes = is_rms, x.shape, (x.dtype, None if d is None else d.dtype)
+        ctx.set_materialize_grads(False)  # an unused s (or y) sends None: no zeros to read
+        return (y, s) if d is not None else y
+
+    @staticmethod
+    def backward(ctx, dy, ds=None):
+        s2, weight, bias, mean, rstd = ctx.saved_tensors
+        x_dtype, d_dtype = ctx.dtypes
+        if dy is None:
+            dy = torch.zeros_like(s2)
+        dx, dw, db = add_norm_backward(dy, ds, s2, weight, bias, mean, rstd, ctx.is_rms, x_dtype)
+        dx = dx.view(ctx.shape)
+        dd = None if d_dtype is None else (dx if d_dtype == x_dtype else dx.to(d_dtype))
+        return dx, dd, dw, db, None, None, None
+
+
 # ---------------------------------------------------------------------- what the modules call
 
 
 def add_norm(x: Tensor, d: Tensor, weight: Tensor, bias: Tensor | None, eps: float, is_rms: bool,
              residual_dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:  # fmt: skip
     """``(norm(x + d), x + d)`` in one fused kernel, forward and backward."""
-    y, s, _, _ = add_norm_fwd(x, d, weight, bias, float(eps), is_rms, residual_dtype)
-    return y, s
+    if torch.compiler.is_compiling():  # one opaque graph node with a fake-tensor rule: dynamic shapes work
+        y, s, _, _ = add_norm_fwd(x, d, weight, bias, float(eps), is_rms, residual_dtype)
+        return y, s
+    return _AddNormFunction.apply(x, d, weight, bias, float(eps), is_rms, residual_dtype)
 
 
 def norm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float, is_rms: bool) -> Tensor:
     """``norm(x)`` with the same kernels."""
-    return norm_fwd(x, weight, bias, float(eps), is_rms)[0]
+    if torch.compiler.is_compiling():
+        return norm_fwd(x, weight, bias, float(eps), is_rms)[0]
+    return _AddNormFunction.apply(x, None, weight, bias, float(eps), is_rms, None)
