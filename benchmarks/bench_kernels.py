@@ -97,13 +97,28 @@ def bench_case(norm, with_d, dtype, n, rows, device, copy_gbs):
     return rows_out
 
 
-def host_overhead_us(device, n: int = 768, rows: int = 8, calls: int = 300) -> list[dict]:
-    """Host (CPU) microseconds per call on a tiny input, where GPU time is negligible: the launch cost.
-
-    Each figure is the wall time of ``calls`` back-to-back calls, then one synchronize, divided by ``calls``.
-    """
+def us_per_call(fn, dy, backward: bool, calls: int, sync=lambda: None) -> float:
+    """Host microseconds per call of ``fn`` (then backward, if asked): ``calls`` back-to-back calls after a
+    warm-up, one ``sync`` at each end, divided by ``calls``."""
     import time
 
+    def call():
+        y, s = fn()
+        if backward:
+            torch.autograd.backward([y, s], [dy, dy])
+
+    for _ in range(20):
+        call()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        call()
+    sync()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def host_overhead_us(device, n: int = 768, rows: int = 8, calls: int = 300) -> list[dict]:
+    """Host (CPU) microseconds per call on a tiny input, where GPU time is negligible: the launch cost."""
     from resnorm_lm.kernels.add_norm_ops import add_norm
 
     x = torch.randn(rows, n, dtype=torch.bfloat16, device=device, requires_grad=True)
@@ -115,33 +130,14 @@ def host_overhead_us(device, n: int = 768, rows: int = 8, calls: int = 300) -> l
         "triton": lambda: add_norm(x, d, w, b, 1e-5, False),
         "torch": lambda: torch_add_norm(x, d, w, b, 1e-5, False),
     }
-    out = []
-    for impl, fn in impls.items():
-        for phase in ("fwd", "fwd+bwd"):
-
-            def call(fn=fn, phase=phase):
-                y, s = fn()
-                if phase == "fwd+bwd":
-                    torch.autograd.backward([y, s], [dy, dy])
-
-            for _ in range(20):
-                call()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                call()
-            torch.cuda.synchronize()
-            out.append(
-                {"impl": impl, "phase": phase, "us_per_call": round((time.perf_counter() - t0) / calls * 1e6, 1)}
-            )
-    return out
+    return [{"impl": impl, "phase": phase,
+             "us_per_call": round(us_per_call(fn, dy, phase == "fwd+bwd", calls, torch.cuda.synchronize), 1)}
+            for impl, fn in impls.items() for phase in ("fwd", "fwd+bwd")]  # fmt: skip
 
 
 def python_overhead_without_gpu(calls: int = 2000) -> int:
     """Host microseconds per call of the Python around the kernels, with the Triton launches stubbed out
     (what a CPU can say about launch cost): the eager fast path, the custom operators, and torch eager."""
-    import time
-
     import resnorm_lm.kernels.add_norm as kernels
     from resnorm_lm.kernels import add_norm_ops as ops
 
@@ -163,18 +159,7 @@ def python_overhead_without_gpu(calls: int = 2000) -> int:
           f"({platform.processor() or platform.machine()}, torch {torch.__version__}):")  # fmt: skip
     for name, fn in paths.items():
         for phase in ("fwd", "fwd+bwd"):
-
-            def call(fn=fn, phase=phase):
-                y, s = fn()
-                if phase == "fwd+bwd":
-                    torch.autograd.backward([y, s], [dy, dy])
-
-            for _ in range(50):
-                call()
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                call()
-            print(f"  {name:28} {phase:8} {(time.perf_counter() - t0) / calls * 1e6:7.1f} us")
+            print(f"  {name:28} {phase:8} {us_per_call(fn, dy, phase == 'fwd+bwd', calls):7.1f} us")
     return 0
 
 

@@ -179,6 +179,11 @@ def test_kernel_benchmark_smoke_under_the_interpreter():
     proc = subprocess.run([sys.executable, "benchmarks/bench_kernels.py"], cwd=root, env=env, capture_output=True,
                           text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 0 and "no CUDA GPU" in proc.stdout
+    proc = subprocess.run([sys.executable, "benchmarks/bench_kernels.py", "--python-overhead"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for path in ("fast path", "custom op", "torch eager"):
+        assert proc.stdout.count(path) == 2, proc.stdout  # forward, forward + backward: figures, not asserted
 
 
 def test_custom_operators_pass_opcheck():
