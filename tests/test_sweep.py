@@ -190,3 +190,22 @@ def test_a_tiny_sweep_interrupted_then_finished_picks_on_validation_and_tests_on
     sixth = compare(tmp_path, corpus)
     assert sixth.returncode != 0 and "checkpoints are gone" in sixth.stderr, sixth.stderr[-2000:]
     assert "smoke-lr0.003-wu2-seed1" in sixth.stderr and "compare: training" not in sixth.stdout
+
+
+def test_compare_hardware_pairs_the_same_runs_of_two_machines(tmp_path):
+    def run(root: str, name: str, loss: float | None, diverged: bool = False) -> None:
+        d = tmp_path / root / "prenorm-12l" / name
+        d.mkdir(parents=True)
+        ev = {"eval": {"validation": {"loss": loss}}} if loss is not None else {}
+        (d / "eval.json").write_text(json.dumps({"diverged": diverged, **ev}))
+
+    for name, a, b in (("cpu-lr0.001-wu200-seed1", 5.30, 5.31), ("cpu-lr0.002-wu200-seed1", 5.10, 5.07),
+                       ("cpu-lr0.004-wu200-seed1", 6.42, 5.40)):  # fmt: skip
+        run("one", name, a)
+        run("two", name, b)
+    run("one", "cpu-lr0.008-wu200-seed1", 5.0)  # only on one machine: not a pair
+    proc = subprocess.run([sys.executable, "benchmarks/compare_hardware.py", str(tmp_path / "one"),
+                           str(tmp_path / "two")], cwd=REPO, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "cpu-lr0.008" not in proc.stdout and "+1.020" not in proc.stdout and "-1.020" in proc.stdout
+    assert "2 pairs where both learn: |diff| median 0.0200, largest 0.0300 nats" in proc.stdout

@@ -1,0 +1,55 @@
+"""The same runs trained on two machines: final validation loss of each (recipe, setting, seed) on both.
+
+    python benchmarks/compare_hardware.py runs runs-h100            # CPU sweep against the H100 sweep
+    python benchmarks/compare_hardware.py runs runs-h100 --profile cpu
+
+Run directories match by their path under each root (``<recipe>/<profile>-lr..-wu..-seed..``). Prints
+every pair, then the median and largest absolute difference over the pairs where both runs learn
+(validation loss more than 0.1 nats below the unigram reference, passed as --unigram).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+
+def val_loss(run_dir: Path) -> float | None:
+    summary = json.loads((run_dir / "eval.json").read_text())
+    ev = summary.get("eval") or {}
+    return None if summary.get("diverged") else (ev.get("validation") or {}).get("loss")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("first")
+    parser.add_argument("second")
+    parser.add_argument("--profile", default="cpu")
+    parser.add_argument("--unigram", type=float, default=6.401, help="the unigram reference (compare prints it)")
+    args = parser.parse_args()
+    first, second = Path(args.first), Path(args.second)
+    learning = []
+    print(f"{'run':48} {first.name:>10} {second.name:>10} {'diff':>8}")
+    for path in sorted(first.glob(f"*/{args.profile}-*/eval.json")):
+        rel = path.parent.relative_to(first)
+        if not (second / rel / "eval.json").is_file():
+            continue
+        a, b = val_loss(first / rel), val_loss(second / rel)
+        diff = None if a is None or b is None else b - a
+        print(f"{str(rel):48} {a if a is None else f'{a:.3f}':>10} {b if b is None else f'{b:.3f}':>10} "
+              f"{'-' if diff is None else f'{diff:+.3f}':>8}")  # fmt: skip
+        if diff is not None and max(a, b) < args.unigram - 0.1:
+            learning.append(abs(diff))
+    if not learning:
+        print("no pair where both runs learn", file=sys.stderr)
+        return 1
+    print(f"\n{len(learning)} pairs where both learn: |diff| median {statistics.median(learning):.4f}, "
+          f"largest {max(learning):.4f} nats")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
