@@ -291,7 +291,10 @@ def bench_eval_and_tokenizer() -> dict:
     windows = dm.eval_windows("validation")
     loader = torch.utils.data.DataLoader(windows, batch_size=32)
     t0, tokens = time.perf_counter(), 0
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+    from resnorm_lm.precision import choose_auto
+
+    autocast = choose_auto(False).precision == "bf16-mixed"  # as `precision: auto` evaluates on this CPU
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         for i, (x, _) in enumerate(loader):
             model(x)
             tokens += x.numel()
@@ -455,7 +458,8 @@ def main() -> int:
                 print(f"{name:10} {mode:9} " + " ".join(f"{c:>13}" for c in cells))
         write_csv("norms.csv", norms)
         written.append("norms.csv")
-    print(f"\nwrote {', '.join(str(RESULTS / w) for w in written)}")
+    if written:
+        print(f"\nwrote {', '.join(str(RESULTS / w) for w in written)}")
     return 0
 
 
