@@ -110,20 +110,26 @@ def lightning_child(profile: str, compile_: bool, steps: int, warmup: int, out: 
     Path(out).write_text(json.dumps(data))
 
 
+def bench_config(profile: str) -> tuple[dict, dict, dict]:
+    """The profile's config, and the data and architecture settings of its prenorm-12l as the bench runs it."""
+    import yaml
+
+    config = yaml.safe_load((ROOT / f"recipes/profiles/{profile}.yaml").read_text())
+    recipe = yaml.safe_load((ROOT / "recipes/prenorm-12l.yaml").read_text())
+    data_cfg = {**config["data"], **BENCH_PROFILES[profile]["data"]}
+    return config, data_cfg, {**config["model"]["arch"], **recipe["model"]["arch"]}
+
+
 def bare_child(profile: str, compile_: bool, steps: int, warmup: int, out: str) -> None:
     """The same model, data, precision, optimizer, schedule and clipping as plainly as possible."""
     import torch
-    import yaml
 
     from resnorm_lm.data.datamodule import TextDataModule
     from resnorm_lm.model import GPT, GPTConfig
     from resnorm_lm.optim import OptimConfig, build_optimizer
     from resnorm_lm.precision import choose_auto, set_matmul_precision_for
 
-    config = yaml.safe_load((ROOT / f"recipes/profiles/{profile}.yaml").read_text())
-    recipe = yaml.safe_load((ROOT / "recipes/prenorm-12l.yaml").read_text())
-    data_cfg = {**config["data"], **BENCH_PROFILES[profile]["data"]}
-    arch = {**config["model"]["arch"], **recipe["model"]["arch"]}
+    config, data_cfg, arch = bench_config(profile)
     device = torch.device("cuda" if profile == "gpu" else "cpu")
     set_matmul_precision_for(device.type == "cuda")
     autocast = choose_auto(device.type == "cuda").precision == "bf16-mixed"  # what `precision: auto` picks in fit
@@ -157,7 +163,6 @@ def bare_child(profile: str, compile_: bool, steps: int, warmup: int, out: str) 
     per_token = 6 * model.num_parameters() + 12 * arch["n_layer"] * arch["n_embd"] * data_cfg["block_size"]
     Path(out).write_text(json.dumps({"starts": starts, "ends": ends, "max_rss_mb": usage.ru_maxrss / 1024,
                                      "flops_per_token": per_token,
-                                     "tokens_per_step": data_cfg["batch_size"] * data_cfg["block_size"],
                                      "precision": "bf16-mixed" if autocast else "32-true"}))  # fmt: skip
 
 
@@ -324,27 +329,28 @@ def peak_flops() -> float | None:
 def bench_throughput(profile: str, compiles: list[bool], rounds: int, steps: int, warmup: int) -> list[dict]:
     """Lightning's `fit` against the bare loop, alternating, each in its own process; medians over rounds."""
     peak = peak_flops() if profile == "gpu" else None
+    _, data_cfg, _ = bench_config(profile)
+    tokens_per_step = data_cfg["batch_size"] * data_cfg["block_size"]
     rows = []
     for compiled in compiles:
-        results = {"lightning": [], "bare": []}
-        per_token = tokens_per_step = None
+        rates: dict[str, list[dict]] = {"lightning": [], "bare": []}
+        per_token = None  # the bare child counts the model's parameters
         for _ in range(rounds):
-            for kind in ("lightning", "bare"):
+            for kind, runs in rates.items():
                 data = run_child(kind, profile, compiled, steps, warmup)
                 per_token = data.get("flops_per_token", per_token)
-                tokens_per_step = data.get("tokens_per_step", tokens_per_step)
-                results[kind].append(data)
-                if tokens_per_step:  # as each child ends: a long benchmark cut short still says something
-                    rate = steady_rate(data, warmup, tokens_per_step)["tokens_per_s"]
-                    print(f"  {kind} (compile={str(compiled).lower()}): {rate:.0f} tokens/s", flush=True)
-        for kind, runs in results.items():
-            rates = [steady_rate(r, warmup, tokens_per_step) for r in runs]
-            tps = statistics.median(r["tokens_per_s"] for r in rates)
+                runs.append(steady_rate(data, warmup, tokens_per_step))
+                # as each child ends: a long benchmark cut short still says something
+                print(
+                    f"  {kind} (compile={str(compiled).lower()}): {runs[-1]['tokens_per_s']:.0f} tokens/s", flush=True
+                )
+        for kind, runs in rates.items():
+            tps = statistics.median(r["tokens_per_s"] for r in runs)
             rows.append({"path": kind, "compile": compiled, "tokens_per_s": round(tps),
-                         "step_s": round(statistics.median(r["step_s"] for r in rates), 4),
-                         "gap_fraction": round(statistics.median(r["gap_fraction"] for r in rates), 4),
+                         "step_s": round(statistics.median(r["step_s"] for r in runs), 4),
+                         "gap_fraction": round(statistics.median(r["gap_fraction"] for r in runs), 4),
                          "mfu": round(tps * per_token / peak, 3) if peak else None,
-                         "max_rss_mb": round(max(r["max_rss_mb"] for r in rates))})  # fmt: skip
+                         "max_rss_mb": round(max(r["max_rss_mb"] for r in runs))})  # fmt: skip
     return rows
 
 

@@ -66,7 +66,11 @@ def run_state(run_dir: Path) -> str:
     """
     if read_summary(run_dir).get("finished"):
         return "finished"
-    return "unfinished" if (run_dir / "checkpoints" / "last.ckpt").is_file() else "missing"
+    return "unfinished" if has_checkpoint(run_dir) else "missing"
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    return (run_dir / "checkpoints" / "last.ckpt").is_file()
 
 
 def seconds_per_step(root: Path, profile: str) -> tuple[float | None, int]:
@@ -183,7 +187,7 @@ def evaluated(run_dir: Path, split: str) -> dict[str, Any] | None:
 def ensure_evaluated(run_dirs: list[Path], split: str) -> None:
     """Evaluate (every token of ``split`` once) the runs that have not been evaluated at their last step."""
     todo = [d for d in run_dirs if evaluated(d, split) is None and not read_summary(d).get("diverged")]
-    gone = [str(d) for d in todo if not (d / "checkpoints" / "last.ckpt").is_file()]
+    gone = [str(d) for d in todo if not has_checkpoint(d)]
     if gone:
         raise SystemExit(
             f"resnorm-lm compare: {len(gone)} finished run(s) need the {split} split evaluated but their "
@@ -295,9 +299,8 @@ def grid_rows(selections: dict[str, Selection], unigram: float | None) -> list[d
     for recipe, sel in selections.items():
         for score in sorted(sel.scores, key=lambda s: s.setting):
             n, stuck = len(score.outcomes), sum(o.not_learning(unigram) for o in score.outcomes)
-            flags = [f"diverged {score.n_diverged}/{n}"] * bool(score.n_diverged) + [
-                f"not learning {stuck}/{n}"
-            ] * bool(stuck)
+            flags = [f"{what} {count}/{n}" for what, count in (("diverged", score.n_diverged), ("not learning", stuck))
+                     if count]  # fmt: skip
             # the loss shown is over the seeds that did not diverge; such a setting is never chosen (score.mean)
             rows.append({"recipe": recipe, "lr": score.setting.lr, "warmup": score.setting.warmup, "n_seeds": n,
                          "val_loss_mean": statistics.fmean(score.losses) if score.losses else None,
@@ -376,10 +379,12 @@ def command_line(args, profile: str) -> str:
     if args.warmups:
         parts.append(f'WARMUPS="{" ".join(map(str, args.warmups))}"')
     parts.append(f'SEEDS="{" ".join(map(str, args.seeds))}"')
-    extra = [f"--root {args.root}"] * (args.root != "runs") + [f'--train-args="{args.train_args}"'] * bool(
-        args.train_args
-    )
-    if extra:  # what else the runs need to be reproduced (where they live, how they were trained)
+    extra = []  # what else the runs need to be reproduced: where they live, how they were trained
+    if args.root != "runs":
+        extra.append(f"--root {args.root}")
+    if args.train_args:
+        extra.append(f'--train-args="{args.train_args}"')
+    if extra:
         parts.append(f"ARGS='{' '.join(extra)}'")
     return " ".join(parts)
 
