@@ -19,6 +19,8 @@ RECIPES ?=
 SEEDS ?= 1
 LRS ?=
 WARMUPS ?=
+DEPTHS ?=
+LRS_AT ?=
 JOBS ?= 1
 
 AVX2_ONLY := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
@@ -65,9 +67,10 @@ eval: $(STAMP) ## Perplexity table for RUNS="<run dirs or ckpts>"
 	@test -n "$(RUNS)" || { echo 'make eval: give RUNS="runs/<recipe>/<profile>-seed<k> ..." (run directories or .ckpt files)'; exit 2; }
 	$(PY) -m resnorm_lm eval $(RUNS) $(ARGS)
 
-compare: $(STAMP) ## Sweep RECIPES="..." over [LRS="..."] [WARMUPS="..."], pick on val, test at the pick [SEEDS=...] [JOBS=n]
+compare: $(STAMP) ## Sweep RECIPES="..." over [LRS] [WARMUPS] [DEPTHS="6 12"] [LRS_AT="48=lr,lr"], pick on val, test at the pick [SEEDS] [JOBS]
 	$(PY) -m resnorm_lm compare --profile $(PROFILE) --seeds $(SEEDS) --jobs $(JOBS) $(if $(RECIPES),--recipes $(RECIPES)) \
-		$(if $(LRS),--lrs $(LRS)) $(if $(WARMUPS),--warmups $(WARMUPS)) $(ARGS)
+		$(if $(LRS),--lrs $(LRS)) $(if $(WARMUPS),--warmups $(WARMUPS)) $(if $(DEPTHS),--depths $(DEPTHS)) \
+		$(if $(LRS_AT),--lrs-at $(LRS_AT)) $(ARGS)
 
 bench: $(STAMP) ## Training-loop and norm benchmarks on this machine
 	$(PY) benchmarks/bench_training.py $(ARGS)

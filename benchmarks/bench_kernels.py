@@ -2,12 +2,18 @@
 
     make bench-kernels                     # on a CUDA GPU: the full table, and benchmarks/results/kernels.csv
     TRITON_INTERPRET=1 make bench-kernels  # no GPU: one small shape through the interpreter (a smoke check)
+    python benchmarks/bench_kernels.py --python-overhead   # no GPU: host time of the Python, launches stubbed
 
 For each (norm, with/without residual, dtype, hidden size) with rows = the tokens of
-a realistic batch, it times forward and forward+backward, prints the effective
-bandwidth (bytes that must be read and written / time) and its fraction of a
-measured device-to-device copy on the same GPU. Timings are medians of
-triton.testing.do_bench; the figures are printed, never asserted.
+a realistic batch, it times forward and forward+backward two ways, kept apart:
+- GPU time: the call replayed from a CUDA graph (triton.testing.do_bench_cudagraph), so no host
+  time is in it; the profiler's kernel times where a graph cannot be captured. Bandwidth (bytes
+  that must be read and written / GPU time) and its fraction of a measured device-to-device copy
+  come from it.
+- wall time: triton.testing.do_bench of the plain eager call, what a caller sees; where it is well
+  above the GPU time, the host (Python, launches) sets the pace.
+Host time per call is measured on its own on a tiny input, where the GPU does almost nothing.
+The figures are printed, never asserted.
 """
 
 from __future__ import annotations
@@ -54,11 +60,41 @@ def copy_bandwidth(device) -> float:
     return 2 * src.numel() * 4 / (ms * 1e-3) / 1e9
 
 
+def gpu_time_ms(fn, grad_to_none=None) -> tuple[float, str]:
+    """Milliseconds of GPU time per call, without host time: replayed from a CUDA graph, or, where capture
+    fails, the profiler's sum of kernel times per call. Returns (ms, method)."""
+    from triton.testing import do_bench_cudagraph
+
+    try:
+        return do_bench_cudagraph(fn, grad_to_none=grad_to_none), "cudagraph"
+    except RuntimeError:  # something in fn cannot be captured: time its kernels instead
+        torch.cuda.synchronize()
+        return profiler_kernel_ms(fn, grad_to_none), "profiler"
+
+
+def profiler_kernel_ms(fn, grad_to_none=None, calls: int = 20) -> float:
+    """Sum of the CUDA kernels' own times per call (gaps between kernels excluded), from torch.profiler."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            for t in grad_to_none or ():
+                t.grad = None
+            fn()
+        torch.cuda.synchronize()
+    kernel_us = sum(e.device_time for e in prof.events() if e.device_type == DeviceType.CUDA)
+    return kernel_us / calls / 1e3
+
+
 def bench_case(norm, with_d, dtype, n, rows, device, copy_gbs):
     from triton.testing import do_bench
 
-    from resnorm_lm.kernels.add_norm_ops import add_norm
-    from resnorm_lm.kernels.add_norm_ops import norm as fused_norm
+    from resnorm_lm.model.kernels.add_norm_ops import add_norm
+    from resnorm_lm.model.kernels.add_norm_ops import norm as fused_norm
 
     is_rms = norm == "rmsnorm"
     x = torch.randn(rows, n, dtype=dtype, device=device, requires_grad=True)
@@ -77,23 +113,29 @@ def bench_case(norm, with_d, dtype, n, rows, device, copy_gbs):
         "compile": lambda: compiled(x, d, w, b, eps, is_rms),
     }
     dy = torch.randn(rows, n, dtype=dtype, device=device)
+    leaves = [t for t in (x, d, w, b) if t is not None]
     rows_out = []
     for impl, fn in impls.items():
-        fwd_ms = do_bench(lambda fn=fn: fn())
 
         def fwd_bwd(fn=fn):
             y, s = fn()
             torch.autograd.backward([y, s] if with_d else [y], [dy, dy] if with_d else [dy])
 
-        both_ms = do_bench(fwd_bwd, grad_to_none=[t for t in (x, d, w, b) if t is not None])
-        for phase, ms in (("fwd", fwd_ms), ("fwd+bwd", both_ms), ("bwd", both_ms - fwd_ms)):
+        fwd_gpu, method = gpu_time_ms(fn)
+        both_gpu, method_bwd = gpu_time_ms(fwd_bwd, grad_to_none=leaves)
+        fwd_wall, both_wall = do_bench(fn), do_bench(fwd_bwd, grad_to_none=leaves)
+        phases = (("fwd", fwd_gpu, fwd_wall), ("fwd+bwd", both_gpu, both_wall),
+                  ("bwd", both_gpu - fwd_gpu, both_wall - fwd_wall))  # fmt: skip
+        for phase, gpu_ms, wall_ms in phases:
             nbytes = traffic_bytes(rows, n, x.element_size(), with_d, is_rms, phase != "fwd")
             if phase == "bwd":  # the backward's own bytes: all minus the forward's
                 nbytes -= traffic_bytes(rows, n, x.element_size(), with_d, is_rms, False)
-            gbs = nbytes / (ms * 1e-3) / 1e9
+            gbs = nbytes / (gpu_ms * 1e-3) / 1e9
             rows_out.append(dict(norm=norm, residual=with_d, dtype=str(dtype).replace("torch.", ""), hidden=n,
-                                 rows=rows, impl=impl, phase=phase, ms=round(ms, 4), gb_s=round(gbs, 1),
-                                 of_copy=round(gbs / copy_gbs, 3)))  # fmt: skip
+                                 rows=rows, impl=impl, phase=phase, gpu_us=round(gpu_ms * 1e3, 1),
+                                 wall_us=round(wall_ms * 1e3, 1), gb_s=round(gbs, 1),
+                                 of_copy=round(gbs / copy_gbs, 3),
+                                 gpu_timing=method if phase == "fwd" else method_bwd))  # fmt: skip
     return rows_out
 
 
@@ -118,34 +160,40 @@ def us_per_call(fn, dy, backward: bool, calls: int, sync=lambda: None) -> float:
 
 
 def host_overhead_us(device, n: int = 768, rows: int = 8, calls: int = 300) -> list[dict]:
-    """Host (CPU) microseconds per call on a tiny input, where GPU time is negligible: the launch cost."""
-    from resnorm_lm.kernels.add_norm_ops import add_norm
+    """Host (CPU) microseconds per call on a tiny input, where GPU time is negligible: the launch cost, in
+    eager (the fast path, the operators) and inside compiled graphs (Inductor launching the kernels)."""
+    from resnorm_lm.model.kernels.add_norm_ops import add_norm, add_norm_fwd
 
     x = torch.randn(rows, n, dtype=torch.bfloat16, device=device, requires_grad=True)
     d = torch.randn_like(x, requires_grad=True)
     w = torch.ones(n, dtype=torch.bfloat16, device=device, requires_grad=True)
     b = torch.zeros(n, dtype=torch.bfloat16, device=device, requires_grad=True)
     dy = torch.randn_like(x)
+    compiled_triton = torch.compile(lambda: add_norm(x, d, w, b, 1e-5, False))
+    compiled_torch = torch.compile(lambda: torch_add_norm(x, d, w, b, 1e-5, False))
     impls = {
-        "triton": lambda: add_norm(x, d, w, b, 1e-5, False),
-        "torch": lambda: torch_add_norm(x, d, w, b, 1e-5, False),
+        "triton (eager fast path)": lambda: add_norm(x, d, w, b, 1e-5, False),
+        "triton (custom operator)": lambda: add_norm_fwd(x, d, w, b, 1e-5, False, None)[:2],
+        "torch eager": lambda: torch_add_norm(x, d, w, b, 1e-5, False),
+        "triton, compiled": compiled_triton,
+        "torch, compiled": compiled_torch,
     }
     return [{"impl": impl, "phase": phase,
              "us_per_call": round(us_per_call(fn, dy, phase == "fwd+bwd", calls, torch.cuda.synchronize), 1)}
             for impl, fn in impls.items() for phase in ("fwd", "fwd+bwd")]  # fmt: skip
 
 
-def python_overhead_without_gpu(calls: int = 2000) -> int:
+def python_overhead_without_gpu(calls: int = 2000, repeats: int = 5) -> int:
     """Host microseconds per call of the Python around the kernels, with the Triton launches stubbed out
-    (what a CPU can say about launch cost): the eager fast path, the custom operators, and torch eager."""
-    import resnorm_lm.kernels.add_norm as kernels
-    from resnorm_lm.kernels import add_norm_ops as ops
+    (what a CPU can say about launch cost): the eager fast path, the custom operators, and torch eager.
+    ``repeats`` rounds, the paths interleaved in each; min and median over rounds (a shared CPU is noisy)."""
+    import statistics
 
-    class NoLaunch:
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: None
+    import resnorm_lm.model.kernels.add_norm as kernels
+    from resnorm_lm.model.kernels import add_norm_ops as ops
 
-    kernels._add_norm_fwd = kernels._add_norm_bwd = NoLaunch()
+    for kernel in (kernels._add_norm_fwd, kernels._add_norm_bwd):  # kernel[grid](...) ends in kernel.run(...)
+        kernel.run = lambda *args, **kwargs: None
     x, d = (torch.randn(8, 768, requires_grad=True) for _ in range(2))
     w, b, dy = torch.ones(768, requires_grad=True), torch.zeros(768, requires_grad=True), torch.randn(8, 768)
 
@@ -155,16 +203,20 @@ def python_overhead_without_gpu(calls: int = 2000) -> int:
 
     paths = {"fast path": lambda: ops.add_norm(x, d, w, b, 1e-5, False), "custom op": fused_op,
              "torch eager (real compute)": lambda: torch_add_norm(x, d, w, b, 1e-5, False)}  # fmt: skip
-    print(f"Python host time per call, 8 x 768 fp32, Triton launches stubbed out, {calls} calls "
-          f"({platform.processor() or platform.machine()}, torch {torch.__version__}):")  # fmt: skip
-    for name, fn in paths.items():
-        for phase in ("fwd", "fwd+bwd"):
-            print(f"  {name:28} {phase:8} {us_per_call(fn, dy, phase == 'fwd+bwd', calls):7.1f} us")
+    cases = [(name, phase) for name in paths for phase in ("fwd", "fwd+bwd")]
+    times: dict[tuple, list[float]] = {case: [] for case in cases}
+    for _ in range(repeats):
+        for name, phase in cases:
+            times[(name, phase)].append(us_per_call(paths[name], dy, phase == "fwd+bwd", calls))
+    print(f"Python host time per call, 8 x 768 fp32, Triton launches stubbed out, {calls} calls x {repeats} rounds "
+          f"({platform.processor() or platform.machine()}, torch {torch.__version__}), us min / median:")  # fmt: skip
+    for (name, phase), us in times.items():
+        print(f"  {name:28} {phase:8} {min(us):7.1f} {statistics.median(us):7.1f}")
     return 0
 
 
 def interpreter_smoke() -> int:
-    from resnorm_lm.kernels.add_norm_ops import add_norm
+    from resnorm_lm.model.kernels.add_norm_ops import add_norm
 
     x, d = torch.randn(256, 768), torch.randn(256, 768)
     w, b = torch.randn(768), torch.randn(768)
@@ -185,9 +237,10 @@ def main() -> int:
     parser.add_argument("--python-overhead", action="store_true",
                         help="no GPU needed: host time of the Python around the kernels, "
                         "launches stubbed out")  # fmt: skip
+    parser.add_argument("--repeats", type=int, default=5, help="rounds of --python-overhead (default: 5)")
     args = parser.parse_args()
     if args.python_overhead:
-        return python_overhead_without_gpu()
+        return python_overhead_without_gpu(repeats=args.repeats)
     if not torch.cuda.is_available():
         if os.environ.get("TRITON_INTERPRET") == "1":
             return interpreter_smoke()
@@ -196,31 +249,48 @@ def main() -> int:
         return 0
     device = torch.device("cuda")
     copy_gbs = copy_bandwidth(device)
-    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  python {platform.python_version()}")
+    import triton
+
+    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}  "
+          f"python {platform.python_version()}")  # fmt: skip
     print(f"device-to-device copy: {copy_gbs:.0f} GB/s (the ceiling for of_copy)")
     overhead = host_overhead_us(device)
-    print("host time per call, layernorm + residual, 8 x 768 bf16 (launch-bound), microseconds: "
-          + ", ".join(f"{r['impl']} {r['phase']} {r['us_per_call']:.0f}" for r in overhead))  # fmt: skip
-    results = []
-    for dtype in (getattr(torch, name) for name in args.dtypes):
-        for norm in ("layernorm", "rmsnorm"):
-            for with_d in (True, False):
-                for n in args.hidden:
-                    results += bench_case(norm, with_d, dtype, n, args.rows, device, copy_gbs)
-    header = f"{'norm':9} {'res':3} {'dtype':8} {'hidden':>6} {'phase':7} " + " ".join(
-        f"{impl + ' GB/s':>13} {'(copy)':>6}" for impl in ("triton", "torch", "compile")
-    )
-    print(header)
-    keyed = {(r["norm"], r["residual"], r["dtype"], r["hidden"], r["phase"], r["impl"]): r for r in results}
-    for key in sorted({k[:5] for k in keyed}, key=lambda k: (k[2], k[0], not k[1], k[3], k[4])):
-        cells = " ".join(f"{keyed[key + (i,)]['gb_s']:13.0f} {keyed[key + (i,)]['of_copy']:6.2f}" for i in
-                         ("triton", "torch", "compile"))  # fmt: skip
-        print(f"{key[0]:9} {'yes' if key[1] else 'no':3} {key[2]:8} {key[3]:6d} {key[4]:7} {cells}")
+    print("host time per call, layernorm + residual, 8 x 768 bf16 (launch-bound), microseconds:")
+    for impl in dict.fromkeys(r["impl"] for r in overhead):
+        fwd, both = (next(r["us_per_call"] for r in overhead if (r["impl"], r["phase"]) == (impl, p))
+                     for p in ("fwd", "fwd+bwd"))  # fmt: skip
+        print(f"  {impl:26} fwd {fwd:7.1f}   fwd+bwd {both:7.1f}")
+    impls = ("triton", "torch", "compile")
+    print(f"\n{args.rows} rows. GPU time in us (CUDA-graph replay, no host time) and its fraction of copy bandwidth; "
+          "then the eager wall time of one call (do_bench), where host time shows:")  # fmt: skip
+    print(f"{'norm':9} {'res':3} {'dtype':8} {'hidden':>6} {'phase':7} "
+          + " ".join(f"{impl + ' us':>11} {'(copy)':>6}" for impl in impls)
+          + " " + " ".join(f"{impl + ' wall':>12}" for impl in impls), flush=True)  # fmt: skip
     Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
-    with open(args.csv, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(results[0]))
-        writer.writeheader()
-        writer.writerows(results)
+    results = []
+    with open(args.csv, "w", newline="") as f:  # written as the cases finish: a run cut short keeps what it has
+        writer = None
+        for dtype in (getattr(torch, name) for name in args.dtypes):
+            for norm in ("layernorm", "rmsnorm"):
+                for with_d in (True, False):
+                    for n in args.hidden:
+                        case = bench_case(norm, with_d, dtype, n, args.rows, device, copy_gbs)
+                        writer = writer or csv.DictWriter(f, fieldnames=list(case[0]))
+                        if not results:
+                            writer.writeheader()
+                        writer.writerows(case)
+                        f.flush()
+                        results += case
+                        keyed = {(r["phase"], r["impl"]): r for r in case}
+                        for phase in ("fwd", "bwd", "fwd+bwd"):
+                            cells = " ".join(f"{keyed[phase, i]['gpu_us']:11.1f} {keyed[phase, i]['of_copy']:6.2f}"
+                                             for i in impls)  # fmt: skip
+                            walls = " ".join(f"{keyed[phase, i]['wall_us']:12.1f}" for i in impls)
+                            print(f"{norm:9} {'yes' if with_d else 'no':3} {case[0]['dtype']:8} {n:6d} {phase:7} "
+                                  f"{cells} {walls}", flush=True)  # fmt: skip
+    if any(r["gpu_timing"] != "cudagraph" for r in results):
+        print("(some GPU times are the profiler's kernel sums: their CUDA graph could not be captured; gpu_timing "
+              "in the CSV says which)")  # fmt: skip
     print(f"wrote {args.csv}")
     return 0
 

@@ -55,24 +55,31 @@ class StepTimer(L.Callback):
     On a GPU the host runs ahead of the device, so single steps are not timed there: the device is
     synchronized only where the timed window opens (before step ``RESNORM_LM_BENCH_WARMUP``) and
     closes (after the last step), which makes the window's tokens/s exact without a sync per step.
+    The process's CPU time per step is recorded too: on a CPU shared with other jobs it tells what a
+    step costs where the wall time mostly tells the load.
     """
 
     def __init__(self) -> None:
         self.starts: list[float] = []
         self.ends: list[float] = []
+        self.cpu_s: list[float] = []  # process CPU seconds per step, all threads
 
     def on_train_batch_start(self, trainer, *args) -> None:
         if len(self.starts) == int(os.environ.get("RESNORM_LM_BENCH_WARMUP", "0")):
             sync(trainer.strategy.root_device)
         self.starts.append(time.perf_counter())
+        self.cpu_start = time.process_time()
 
     def on_train_batch_end(self, trainer, *args) -> None:
         if len(self.ends) + 1 == trainer.max_steps:
             sync(trainer.strategy.root_device)
         self.ends.append(time.perf_counter())
+        self.cpu_s.append(time.process_time() - self.cpu_start)
 
     def on_train_end(self, trainer, pl_module) -> None:
-        Path(os.environ["RESNORM_LM_BENCH_OUT"]).write_text(json.dumps({"starts": self.starts, "ends": self.ends}))
+        Path(os.environ["RESNORM_LM_BENCH_OUT"]).write_text(
+            json.dumps({"starts": self.starts, "ends": self.ends, "cpu_s": self.cpu_s})
+        )
 
 
 def sync(device) -> None:
@@ -125,9 +132,9 @@ def bare_child(profile: str, compile_: bool, steps: int, warmup: int, out: str) 
     import torch
 
     from resnorm_lm.data.datamodule import TextDataModule
-    from resnorm_lm.model import GPT, GPTConfig
-    from resnorm_lm.optim import OptimConfig, build_optimizer
-    from resnorm_lm.precision import choose_auto, set_matmul_precision_for
+    from resnorm_lm.model.gpt import GPT, GPTConfig
+    from resnorm_lm.train.optim import OptimConfig, build_optimizer
+    from resnorm_lm.train.precision import choose_auto, set_matmul_precision_for
 
     config, data_cfg, arch = bench_config(profile)
     device = torch.device("cuda" if profile == "gpu" else "cpu")
@@ -208,7 +215,7 @@ def bench_norms(widths: list[int], rows: int, repeat: int) -> list[dict]:
     import torch
     import torch._dynamo
 
-    from resnorm_lm.norms import build_norm
+    from resnorm_lm.model.norms import build_norm
 
     torch._dynamo.config.recompile_limit = 64  # one compile per (norm, width): never fall back to eager
     out = []
@@ -239,8 +246,8 @@ def bench_placements(steps: int, device, placements: list[str], backends: list[s
     backend and compile setting."""
     import torch
 
-    from resnorm_lm.model import GPT, GPTConfig
-    from resnorm_lm.precision import choose_auto
+    from resnorm_lm.model.gpt import GPT, GPTConfig
+    from resnorm_lm.train.precision import choose_auto
 
     torch._dynamo.config.recompile_limit = 64
     autocast = choose_auto(device.type == "cuda").precision == "bf16-mixed"  # as `precision: auto` in fit
@@ -282,7 +289,7 @@ def bench_eval_and_tokenizer() -> dict:
     import torch
 
     from resnorm_lm.data.datamodule import TextDataModule
-    from resnorm_lm.model import GPT, GPTConfig
+    from resnorm_lm.model.gpt import GPT, GPTConfig
 
     dm = TextDataModule(vocab_size=8192, block_size=128, batch_size=16, eval_batch_size=32)
     dm.prepare_data()
@@ -296,7 +303,7 @@ def bench_eval_and_tokenizer() -> dict:
     windows = dm.eval_windows("validation")
     loader = torch.utils.data.DataLoader(windows, batch_size=32)
     t0, tokens = time.perf_counter(), 0
-    from resnorm_lm.precision import choose_auto
+    from resnorm_lm.train.precision import choose_auto
 
     autocast = choose_auto(False).precision == "bf16-mixed"  # as `precision: auto` evaluates on this CPU
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
@@ -435,7 +442,7 @@ def main() -> int:
               f"tokenization: {extra['tokenize_tokens_per_s']} tokens/s (encode_batch)\n")  # fmt: skip
 
     if "placements" in sections:
-        from resnorm_lm.placements import PLACEMENTS
+        from resnorm_lm.model.placements import PLACEMENTS
 
         device = torch.device("cuda" if profile == "gpu" else "cpu")
         names = args.placements or (["prenorm", "postnorm"] if profile == "gpu" else PLACEMENTS.names())

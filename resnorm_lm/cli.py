@@ -1,4 +1,5 @@
-"""The ``resnorm-lm`` command: LightningCLI (fit, validate, test) with recipes, profiles and run directories.
+"""The ``resnorm-lm`` command: ``fit``/``validate``/``test`` (``train.lightning_cli``) and ``eval``, ``compare``,
+``generate`` (the ``analysis`` wing).
 
     resnorm-lm fit --recipe prenorm-12l --profile auto [--seed_everything 1] [--ckpt_path last] [overrides]
 
@@ -8,262 +9,45 @@
 
 from __future__ import annotations
 
-import importlib.util
-import json
+import logging
 import os
-import shutil
 import sys
-from datetime import timedelta
-from pathlib import Path
+import warnings
 
-import torch
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.strategies import DDPStrategy
-from lightning.pytorch.utilities import rank_zero_only
-
-from resnorm_lm.data.datamodule import TextDataModule
 from resnorm_lm.data.errors import DataError
-from resnorm_lm.faults import (
-    AtomicCheckpointIO,
-    FinalCheckpoint,
-    GoodStateCheckpoint,
-    Preempted,
-    PreemptOnSigterm,
-    remove_stale_temp_files,
-)
-from resnorm_lm.lightning_module import LanguageModel
-from resnorm_lm.logging import ContinuedCSVLogger
-from resnorm_lm.monitors import SparseThroughputMonitor
-from resnorm_lm.precision import PrecisionChoice, PrecisionError, resolve_precision, uses_cuda
-from resnorm_lm.recipes import expand_recipe_arguments
-from resnorm_lm.runs import RunConfig, RunManifest, StopAfterSteps, run_directory
-from resnorm_lm.trainer import Trainer
-
-MIN_FREE_DISK_BYTES = 200 * 2**20  # refuse to start a run with less free space than this
-EXIT_DIVERGED = 3  # the run diverged: last.ckpt is the last good state
-EXIT_PREEMPTED = 143  # stopped by SIGTERM after saving last.ckpt (128 + 15, as a killed process)
+from resnorm_lm.train.faults import Preempted
+from resnorm_lm.train.lightning_cli import EXIT_PREEMPTED, ResnormCLI, check_checkpoint_argument
+from resnorm_lm.train.recipes import expand_recipe_arguments
 
 
-class UsageError(ValueError):
-    """A mistake in the command line or config that the user fixes; printed without a traceback."""
+class DropLightningTips(logging.Filter):
+    """Lightning 2.6 advertises its cloud products ("💡 Tip: ...") at every Trainer start, with no setting to
+    turn it off; the rest of what its rank-zero logger says (devices, "Seed set to") stays."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip:")
 
 
-def read_checkpoint_facts(path: Path) -> tuple[int, str | None]:
-    """The global step and training precision stored in a Lightning checkpoint (read lazily, without
-    loading its tensors); the precision is None in checkpoints written before it was recorded."""
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-    except Exception as err:  # a truncated or foreign file
-        raise UsageError(f"cannot read checkpoint {path}: {err}; it is corrupt or not a checkpoint") from None
-    if not isinstance(ckpt, dict) or "global_step" not in ckpt:
-        raise UsageError(f"{path} is not a Lightning checkpoint (no global_step)")
-    return int(ckpt["global_step"]), ckpt.get("precision")
-
-
-class ResnormCLI(LightningCLI):
-    """LightningCLI for ``LanguageModel`` x ``TextDataModule`` with resnorm-lm's run directories."""
-
-    def __init__(self, args: list[str] | None = None, run: bool = True) -> None:
-        self.pin_in_argv = args is None  # parsed from sys.argv, which DDP relaunches
-        super().__init__(
-            LanguageModel,
-            TextDataModule,
-            trainer_class=Trainer,
-            args=args,
-            run=run,
-            auto_configure_optimizers=False,
-            save_config_kwargs={"overwrite": True},
-            parser_kwargs={"description": "resnorm-lm: GPT LMs with swappable norms and residual placements"},
-        )
-
-    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.add_class_arguments(RunConfig, "run")
-        # vocabulary and context are data settings the model must agree with: typed once
-        parser.link_arguments("data.vocab_size", "model.arch.vocab_size")
-        parser.link_arguments("data.block_size", "model.arch.block_size")
-
-    # ------------------------------------------------------------------ before anything is built
-
-    def before_instantiate_classes(self) -> None:
-        cfg = self.config[self.subcommand] if self.subcommand else self.config
-        self.run_config = RunConfig(**vars(cfg.run))
-        self.run_dir = run_directory(self.run_config, cfg.seed_everything)
-        self.resume_step: int | None = None
-        self.resume_precision: str | None = None
-        if self.subcommand == "fit":
-            cfg.ckpt_path = self._resolve_resume(cfg.ckpt_path)
-        self.precision_choice = self._choose_precision(cfg)
-
-    def _choose_precision(self, cfg) -> PrecisionChoice:
-        """Resolve ``auto`` once, say what was chosen and why, and pin it for relaunched DDP ranks."""
-        try:
-            choice = resolve_precision(cfg.trainer.precision, uses_cuda(cfg.trainer.accelerator), self.resume_precision)
-        except PrecisionError as err:
-            raise UsageError(str(err)) from None
-        if rank_zero_only.rank == 0:
-            print(f"resnorm-lm: {choice.describe()}", file=sys.stderr, flush=True)
-        cfg.trainer.precision = choice.precision
-        if self.pin_in_argv:  # Lightning's DDP launcher re-runs sys.argv: every rank uses this precision
-            sys.argv.append(f"--trainer.precision={choice.precision}")
-        return choice
-
-    def after_instantiate_classes(self) -> None:
-        if self.subcommand == "fit":  # the config built: only now touch the disk
-            check_writable(self.run_dir)
-            for stale in remove_stale_temp_files(self.run_dir / "checkpoints"):
-                print(f"resnorm-lm: removed {stale.name}, a checkpoint write that was killed midway", file=sys.stderr)
-
-    def _resolve_resume(self, ckpt_path: str | None) -> str | None:
-        last = self.run_dir / "checkpoints" / "last.ckpt"
-        if ckpt_path == "last":
-            if not last.is_file():
-                raise UsageError(
-                    f"RESUME=last: there is no run to resume at {self.run_dir} (no checkpoints/last.ckpt); "
-                    "train it first without RESUME"
-                )
-            ckpt_path = str(last)
-        elif ckpt_path is None:
-            if last.is_file():
-                raise UsageError(
-                    f"{self.run_dir} already holds a run (checkpoints/last.ckpt); continue it with RESUME=last "
-                    f"(--ckpt_path last), or choose another SEED, or remove {self.run_dir}"
-                )
-            return None
-        elif not Path(ckpt_path).is_file():
-            raise UsageError(f"checkpoint {ckpt_path} does not exist")
-        self.resume_step, self.resume_precision = read_checkpoint_facts(Path(ckpt_path))
-        if self.resume_precision is None:  # a checkpoint from before precision was recorded in it
-            self.resume_precision = recorded_precision(self.run_dir)
-        return ckpt_path
-
-    # ------------------------------------------------------------------ the trainer
-
-    def instantiate_trainer(self, **kwargs):
-        trainer_cfg = self._get(self.config_init, "trainer", default={})
-        callbacks = list(trainer_cfg.get("callbacks") or [])
-        if trainer_cfg.get("enable_progress_bar") is False:  # a profile's bar settings give way to turning it off
-            callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
-        run, ckpt_dir = self.run_config, self.run_dir / "checkpoints"
-        callbacks += [
-            GoodStateCheckpoint(
-                dirpath=ckpt_dir,
-                filename="step{step:06d}",
-                every_n_train_steps=run.checkpoint_every,
-                save_top_k=0,
-                save_last=True,
-                auto_insert_metric_name=False,
-                # always last.ckpt: with a counter, a run resumed from a last.ckpt that a SIGTERM (not this
-                # callback) wrote would go on saving last-v1.ckpt and leave last.ckpt stale
-                enable_version_counter=False,
-            ),  # fmt: skip
-            ModelCheckpoint(
-                dirpath=ckpt_dir,
-                filename="best",
-                monitor="val/loss",
-                mode="min",
-                save_top_k=1,
-                auto_insert_metric_name=False,
-                enable_version_counter=False,
-            ),  # fmt: skip
-            LearningRateMonitor(logging_interval="step"),
-            SparseThroughputMonitor(  # the device synced on logging steps only
-                batch_size_fn=lambda batch: batch[0].size(0), length_fn=lambda batch: batch[0].numel()
-            ),
-        ]
-        if self.subcommand == "fit":
-            seed = self._get(self.config, "seed_everything")
-            callbacks.append(RunManifest(self.run_dir, run, seed, self.precision_choice))
-            preempt = PreemptOnSigterm(ckpt_dir / "last.ckpt", on_preempted=lambda: self._finish(preempted=True))
-            callbacks += [preempt, FinalCheckpoint(ckpt_dir / "last.ckpt", run.checkpoint_every)]
-            if run.stop_after_steps is not None:
-                callbacks.append(StopAfterSteps(run.stop_after_steps))
-        kwargs.update(
-            callbacks=callbacks,
-            logger=run_loggers(self.run_dir, self.resume_step),
-            default_root_dir=str(self.run_dir),
-            plugins=[AtomicCheckpointIO()],
-        )
-        strategy = trainer_cfg.get("strategy")
-        if strategy == "ddp":
-            if processes(trainer_cfg) == 1:  # no DDP wrapper (and its per-step cost) around a single device
-                kwargs["strategy"] = "auto"
-            else:  # the string gives the default 30-minute timeout: a dead rank would hang the job
-                kwargs["strategy"] = DDPStrategy(timeout=timedelta(seconds=run.dist_timeout_s))
-        return super().instantiate_trainer(**kwargs)
-
-    # ------------------------------------------------------------------ after training
-
-    def after_fit(self) -> None:
-        summary = self._finish(preempted=False)
-        self.exit_code = EXIT_DIVERGED if summary["diverged"] else 0
-
-    def _finish(self, preempted: bool) -> dict:
-        from resnorm_lm.summary import finish_run
-
-        return finish_run(self.trainer, self.model, self.datamodule, self.run_config, self.run_dir, preempted)
-
-
-def processes(trainer_cfg: dict) -> int:
-    """How many training processes the trainer settings ask for: devices on this node x nodes."""
-    devices, accelerator = trainer_cfg.get("devices", "auto"), str(trainer_cfg.get("accelerator", "auto"))
-    if isinstance(devices, (list, tuple)):
-        count = len(devices)
-    elif str(devices) in ("-1", "auto"):
-        count = torch.cuda.device_count() if uses_cuda(accelerator) else 1
-    else:
-        count = int(devices)
-    return count * int(trainer_cfg.get("num_nodes") or 1)
-
-
-def recorded_precision(run_dir: Path) -> str | None:
-    """The precision a run directory's manifest says the run trained with (None when unknown)."""
-    path = run_dir / "manifest.json"
-    return json.loads(path.read_text()).get("precision") if path.is_file() else None
-
-
-def run_loggers(run_dir: Path, resume_step: int | None) -> list:
-    """metrics.csv always; TensorBoard event files under tensorboard/ too when tensorboard is installed."""
-    loggers = [ContinuedCSVLogger(run_dir, resume_step=resume_step)]
-    if importlib.util.find_spec("tensorboard") is not None:
-        from lightning.pytorch.loggers import TensorBoardLogger
-
-        loggers.append(TensorBoardLogger(save_dir=str(run_dir), name="tensorboard", version=""))
-    return loggers
-
-
-def check_writable(run_dir: Path) -> None:
-    """Fail before training when the run directory cannot be written or the disk is (nearly) full."""
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / ".write-probe"
-        probe.write_bytes(b"ok")
-        probe.unlink()
-    except OSError as err:
-        raise UsageError(f"cannot write the run directory {run_dir}: {err}; choose --run.root elsewhere") from None
-    free = shutil.disk_usage(run_dir).free
-    if free < MIN_FREE_DISK_BYTES:
-        raise UsageError(
-            f"only {free / 2**20:.0f} MiB free on the disk of {run_dir}; a run needs at least "
-            f"{MIN_FREE_DISK_BYTES / 2**20:.0f} MiB for checkpoints: free space or choose --run.root elsewhere"
-        )
-
-
-def check_checkpoint_argument(args: list[str]) -> None:
-    """A --ckpt_path file is read by LightningCLI while parsing: give a clear error for a bad one first."""
-    for i, arg in enumerate(args):
-        value = arg.split("=", 1)[1] if arg.startswith("--ckpt_path=") else None
-        if arg == "--ckpt_path" and i + 1 < len(args):
-            value = args[i + 1]
-        if value not in (None, "last", "null", "None"):
-            if not Path(value).is_file():
-                raise UsageError(f"checkpoint {value} does not exist")
-            read_checkpoint_facts(Path(value))
+def quiet_libraries() -> None:
+    """Silence what other libraries print at start-up that says nothing about the run."""
+    tips = logging.getLogger("lightning.pytorch.utilities.rank_zero")  # where rank_zero_info logs
+    if not any(isinstance(f, DropLightningTips) for f in tips.filters):
+        tips.addFilter(DropLightningTips())
+    # Lightning's own _pytree still builds torch's deprecated LeafSpec: a warning for Lightning, not for users
+    warnings.filterwarnings(
+        "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning,
+        module=r"lightning\.pytorch\.utilities\._pytree",
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    tools = {"eval": "resnorm_lm.evaluate", "compare": "resnorm_lm.compare", "generate": "resnorm_lm.sample_cli"}
+    quiet_libraries()
+    tools = {
+        "eval": "resnorm_lm.analysis.evaluate",
+        "compare": "resnorm_lm.analysis.compare",
+        "generate": "resnorm_lm.analysis.sample_cli",
+    }
     if args and args[0] in tools:  # subcommands beside LightningCLI's fit / validate / test
         import importlib
 

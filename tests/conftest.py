@@ -11,6 +11,17 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache(tmp_path_factory):
+    """No test writes to the user's cache (``precision: auto`` keeps its probe there): a session-wide one instead.
+
+    Tests that need their own cache set RESNORM_LM_CACHE themselves; subprocesses inherit this one.
+    """
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RESNORM_LM_CACHE", str(tmp_path_factory.mktemp("resnorm-lm-cache")))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _seed_and_threads():
     torch.manual_seed(0)

@@ -1,23 +1,30 @@
 """A callback the fault tests pass on the command line: it kills or signals its own process at a chosen point.
 
-RESNORM_LM_FAULT="<where>:<step>[:<rank>]", where is one of
+RESNORM_LM_FAULT="<where>:<step>[:<rank>]" (only on that DDP rank), where is one of
   step        SIGKILL after backward, before the optimizer step of <step>
   validation  SIGKILL during the validation that follows <step>
   save        SIGKILL between writing a checkpoint's temp file and renaming it, at <step>
   partial     SIGKILL halfway through writing a checkpoint's temp file, at <step>
   sigterm     SIGTERM to itself during <step> (a scheduler's preemption notice)
   sigterm2    SIGTERM to itself twice during <step> (a scheduler, or a user, who insists)
+  sigterm_batch  SIGTERM to itself at the start of micro-batch <step>, counted from 0 over the run's
+              micro-batches (with accumulation k: micro-batch j of step s's window is s * k + j); under
+              DDP on every rank, or only on <rank> where given
   sigterm_validation  SIGTERM to itself during the validation that follows <step>
   die         exit this rank abruptly at <step> (only on <rank>, default 1): a dead DDP worker
-  nan         make the training loss of <step> NaN (a bad step for the divergence guard)
+  die_late    as die, and the survivors sleep 12 s before their next collective (a loaded machine), so
+              Lightning's child-process observer (it polls every 5 s) ends the job before gloo notices
+  nan         make the training loss of <step> NaN (a bad step for the divergence guard), on every rank
+              unless <rank> is given
 """
 
 import os
 import signal
+import time
 
 import lightning as L
 
-import resnorm_lm.faults as faults
+import resnorm_lm.train.faults as faults
 
 
 def _kill(sig=signal.SIGKILL):
@@ -29,7 +36,8 @@ class FaultProbe(L.Callback):
         spec = os.environ.get("RESNORM_LM_FAULT", "")
         parts = spec.split(":")
         self.where, self.step = parts[0], int(parts[1]) if len(parts) > 1 else -1
-        self.rank = int(parts[2]) if len(parts) > 2 else 1
+        self.rank = int(parts[2]) if len(parts) > 2 else None  # None: every rank (die: rank 1)
+        self.on_every_rank = self.rank is None
 
     def setup(self, trainer, pl_module, stage):
         if self.where in ("save", "partial"):
@@ -61,14 +69,19 @@ class FaultProbe(L.Callback):
         faults.torch.save = save
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if self.where == "sigterm_batch" and batch_idx == self.step:
+            if self.on_every_rank or trainer.global_rank == self.rank:
+                _kill(signal.SIGTERM)
         model = pl_module.model
-        if self.where == "nan" and trainer.global_step == self.step:
+        if self.where == "nan" and trainer.global_step == self.step and self.rank in (None, trainer.global_rank):
             forward = type(model).forward
             model.forward = lambda idx, targets=None: (lambda out: (out[0], out[1] * float("nan")))(
                 forward(model, idx, targets)
             )
-        elif "forward" in vars(model):
-            del model.forward
+
+    def on_train_batch_end(self, trainer, pl_module, *args):
+        if "forward" in vars(pl_module.model):  # not in a validation that follows the step
+            del pl_module.model.forward
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         if self.where == "step" and trainer.global_step + 1 == self.step:
@@ -77,8 +90,12 @@ class FaultProbe(L.Callback):
             _kill(signal.SIGTERM)
             if self.where == "sigterm2":
                 _kill(signal.SIGTERM)
-        if self.where == "die" and trainer.global_step + 1 == self.step and trainer.global_rank == self.rank:
-            os._exit(1)
+        dying_rank = 1 if self.rank is None else self.rank
+        if self.where in ("die", "die_late") and trainer.global_step + 1 == self.step:
+            if trainer.global_rank == dying_rank:
+                os._exit(1)
+            if self.where == "die_late":
+                time.sleep(12)
 
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
         if trainer.global_step == self.step and not trainer.sanity_checking and batch_idx == 0:

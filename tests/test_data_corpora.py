@@ -11,8 +11,9 @@ import pytest
 
 from resnorm_lm.data import CORPORA, CorpusUnavailableError, DataCache, DataError, build_corpus, prepare
 from resnorm_lm.data.__main__ import main
-from resnorm_lm.data.corpora import normalize_document
-from resnorm_lm.data.corpora.hub import group_wikitext_articles
+from resnorm_lm.data.corpora import SPLITS, normalize_document
+from resnorm_lm.data.corpora.hub import HubCorpus, WikiText2, group_wikitext_articles
+from resnorm_lm.train.lightning_module import data_identity, identity_differences
 from tests.data_fixtures import make_documents, write_documents
 
 
@@ -155,3 +156,36 @@ def test_hub_unreachable_is_a_clear_error(monkeypatch, cache, capsys):
     assert main(["prepare", "--corpus", "tinystories"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: corpus 'tinystories' is unavailable") and "\n" not in err
+
+
+def test_hub_corpora_are_read_at_a_pinned_revision_that_their_data_identity_records(
+    monkeypatch, cache, wikitext_mirror
+):
+    calls = []
+
+    def hub(path, config=None, **kwargs):  # the Hub as load_dataset would give it (offline here)
+        calls.append((path, config, kwargs.get("revision")))
+        lines = [f" = Article {i} =\n The river ran past the mill number {i}.\n" for i in range(30)]
+        return datasets.DatasetDict({s: datasets.Dataset.from_dict({"text": lines}) for s in SPLITS})
+
+    monkeypatch.setattr(datasets, "load_dataset", hub)
+    hub_corpora = [CORPORA.get(name) for name in CORPORA if issubclass(CORPORA.get(name), HubCorpus)]
+    assert len(hub_corpora) == 4 and all(len(cls.hub_revision) == 40 for cls in hub_corpora)
+    prepared = prepare("wikitext-2", vocab_size=300)
+    assert calls == [("Salesforce/wikitext", "wikitext-2-raw-v1", WikiText2.hub_revision)]
+    assert prepared.manifest.corpus_revision == WikiText2.hub_revision
+    assert data_identity(prepared.manifest)["corpus_revision"] == WikiText2.hub_revision
+    monkeypatch.setattr(WikiText2, "hub_revision", "0" * 40)  # another pin is another corpus: prepared anew
+    assert prepare("wikitext-2", vocab_size=300).folder != prepared.folder and calls[-1][2] == "0" * 40
+    assert build_corpus("wikitext-2", cache, path=str(wikitext_mirror)).revision() is None  # a mirror: no pin
+
+
+def test_data_identity_differences_count_only_what_the_checkpoint_recorded():
+    then = {"corpus_fingerprint": "f1", "tokenizer_sha256": "t1"}
+    assert identity_differences(then, {**then, "corpus_revision": "r1"}) == []  # a checkpoint from before pins
+    assert identity_differences({**then, "corpus_revision": "r1"}, {**then, "corpus_revision": "r2"}) == [
+        "corpus_revision: checkpoint r1 vs now r2"
+    ]
+    assert identity_differences(then, {"corpus_fingerprint": "f2", "tokenizer_sha256": "t1"}) == [
+        "corpus_fingerprint: checkpoint f1 vs now f2"
+    ]

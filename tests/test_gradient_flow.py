@@ -10,8 +10,8 @@ change that makes it hold is noticed too.
 import pytest
 import torch
 
-from resnorm_lm.diagnostics import grad_norms_at_init
-from resnorm_lm.model import GPT, GPTConfig
+from resnorm_lm.model.gpt import GPT, GPTConfig
+from resnorm_lm.train.diagnostics import grad_norms_at_init
 
 
 def measure(placement: str, seed: int = 0) -> list[float]:

@@ -15,22 +15,24 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ThroughputMonitor
 from lightning.pytorch.loggers import Logger
+from lightning.pytorch.plugins import MixedPrecision
 from torch.utils.data import DataLoader, TensorDataset
 
-from resnorm_lm.device_verdicts import DeviceVerdicts
-from resnorm_lm.diagnostics import grad_norms
-from resnorm_lm.faults import DivergenceConfig, DivergenceGuard
-from resnorm_lm.lightning_module import LanguageModel
-from resnorm_lm.model import GPT, GPTConfig
-from resnorm_lm.monitors import SparseThroughputMonitor
-from resnorm_lm.optim import OptimConfig
+from resnorm_lm.model.gpt import GPT, GPTConfig
+from resnorm_lm.train.device_verdicts import DeviceVerdicts
+from resnorm_lm.train.diagnostics import grad_norms
+from resnorm_lm.train.faults import DivergenceConfig, DivergenceGuard, LossWindow
+from resnorm_lm.train.lightning_module import LanguageModel
+from resnorm_lm.train.monitors import SparseThroughputMonitor
+from resnorm_lm.train.optim import OptimConfig, build_optimizer
 
 NAN, INF = float("nan"), float("inf")
-SEQUENCES = [
+SEQUENCES = [  # each step's loss, or the losses of its micro-batches (an accumulation window)
     [5.0, 4.0, 11.9, 12.5, 3.0],  # a spike above 3 x the running minimum (4.0) at step 3
     [5.0, NAN, 4.0, 4.5],
     [5.0, INF, NAN, 4.0, NAN, NAN, NAN, 3.0],  # skip mode: 3 in a row at step 6
     [5.0, 4.0, 3.0, 2.0],
+    [(5.0, 4.0), (3.9, 12.5), (6.0, 3.5), (2.0, NAN), (NAN, NAN), (3.0, 2.5)],  # windows of 2 micro-batches
 ]
 CONFIGS = [
     DivergenceConfig(factor=3.0),
@@ -40,13 +42,22 @@ CONFIGS = [
 ]
 
 
+def window_of(losses) -> torch.Tensor:
+    """The ``LossWindow`` summary (3,) of a step's loss or micro-batch losses."""
+    window = LossWindow()
+    for loss in losses if isinstance(losses, tuple) else (losses,):
+        window.add(torch.tensor(loss))
+    return window.take()
+
+
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c.on_bad_step}-x{c.factor:g}")
 @pytest.mark.parametrize("losses", SEQUENCES, ids=range(len(SEQUENCES)))
 def test_device_verdicts_reach_the_host_guards_decisions(config, losses):
     host = DivergenceGuard(config)
     expected_masks = []
     for step, loss in enumerate(losses):
-        verdict = host.judge(loss, step)
+        worst, best = torch.stack(LossWindow.extremes(window_of(loss))).tolist()
+        verdict = host.judge(worst, step, best=best)
         expected_masks.append(verdict != "ok")
         if verdict == "stop":
             break
@@ -54,8 +65,8 @@ def test_device_verdicts_reach_the_host_guards_decisions(config, losses):
     verdicts = DeviceVerdicts(device)
     masks = []
     for step, loss in enumerate(losses[: len(expected_masks)]):
-        verdicts.judge(torch.tensor(loss), step)
-        masks.append(bool(verdicts.take_window()))
+        verdicts.judge(window_of(loss), step)
+        masks.append(bool(verdicts.take_mask()))
         verdicts.collect()
     assert masks == expected_masks
     assert device.diverged == host.diverged
@@ -63,29 +74,40 @@ def test_device_verdicts_reach_the_host_guards_decisions(config, losses):
     assert device.running_min == host.running_min or math.isclose(device.running_min, host.running_min)
 
 
+def test_a_window_is_judged_on_its_worst_loss_and_lowers_the_minimum_to_its_best():
+    guard = DivergenceGuard(DivergenceConfig(factor=3.0))
+    assert guard.judge(5.0, 0, best=4.0) == "ok"
+    assert guard.running_min == 4.0
+    worst, best = LossWindow.extremes(window_of((2.0, NAN, 3.0)))
+    assert math.isnan(worst) and float(best) == 2.0  # NaN is the worst loss, and no best one
+    assert guard.judge(float(worst), 1, best=float(best)) == "stop" and guard.diverged["reason"] == "loss is nan"
+    assert guard.running_min == 4.0  # a bad window does not lower it
+
+
 def test_a_halted_run_masks_every_later_step_until_the_host_reads_it():
     verdicts = DeviceVerdicts(DivergenceGuard(DivergenceConfig(factor=2.0)))
-    windows = []
+    masks = []
     for step, loss in enumerate([3.0, NAN, 3.0, 2.0]):  # the host reads only at the end
-        verdicts.judge(torch.tensor(loss), step)
-        windows.append(float(verdicts.take_window()))
-    assert windows == [0.0, 1.0, 1.0, 1.0]
+        verdicts.judge(window_of(loss), step)
+        masks.append(float(verdicts.take_mask()))
+    assert masks == [0.0, 1.0, 1.0, 1.0]
     assert verdicts.collect() and verdicts.guard.diverged == {"step": 1, "reason": "loss is nan"}
 
 
 def test_the_window_of_an_accumulated_step_is_bad_when_any_micro_batch_is():
     verdicts = DeviceVerdicts(DivergenceGuard(DivergenceConfig(on_bad_step="skip")))
-    for loss in (3.0, INF, 3.0):
-        verdicts.judge(torch.tensor(loss), 0)
-    assert float(verdicts.take_window()) == 1.0 and verdicts.take_window() is None
+    verdicts.judge(window_of((3.0, INF, 3.0)), 0)
+    assert float(verdicts.take_mask()) == 1.0 and verdicts.take_mask() is None
+    verdicts.collect()
+    assert verdicts.guard.skipped == 1  # one skipped step, not one per micro-batch
 
 
 def test_resume_rebuilds_the_device_state_from_the_host_records():
     guard = DivergenceGuard(DivergenceConfig(factor=2.0))
     guard.load_state_dict({"running_min": 2.0, "skipped": 0, "skipped_in_a_row": 0, "diverged": None})
     verdicts = DeviceVerdicts(guard)
-    verdicts.judge(torch.tensor(4.5), 10)  # above 2 x 2.0: bad against the loaded minimum
-    assert float(verdicts.take_window()) == 1.0 and verdicts.collect()
+    verdicts.judge(window_of(4.5), 10)  # above 2 x 2.0: bad against the loaded minimum
+    assert float(verdicts.take_mask()) == 1.0 and verdicts.collect()
     assert guard.diverged["step"] == 10 and "running minimum 2" in guard.diverged["reason"]
 
 
@@ -93,36 +115,53 @@ def test_resume_rebuilds_the_device_state_from_the_host_records():
 
 
 class PoisonedLoss(L.Callback):
-    """Makes the loss of the training step at ``bad_steps`` NaN, and keeps the weights after every step."""
+    """Multiplies the training loss by ``poison`` (NaN, or a spike) at the steps ``bad_steps`` (every micro-batch
+    of each) and at the micro-batches ``bad_micro_batches`` (counted from 0 over the run); keeps the weights and
+    AdamW's state after every step."""
 
-    def __init__(self, bad_steps: set[int]) -> None:
-        self.bad_steps, self.weights = bad_steps, {}
+    def __init__(self, bad_steps: set[int], bad_micro_batches: frozenset[int] = frozenset(), poison=NAN) -> None:
+        self.bad_steps, self.bad_micro_batches, self.poison = bad_steps, bad_micro_batches, poison
+        self.micro_batch, self.weights, self.optimizer_states = -1, {}, {}
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        model, poison = pl_module.model, trainer.global_step in self.bad_steps
+        self.micro_batch += 1
+        model = pl_module.model
+        poison = trainer.global_step in self.bad_steps or self.micro_batch in self.bad_micro_batches
         forward = type(model).forward
-        model.forward = lambda idx, targets=None: (lambda out: (out[0], out[1] * NAN if poison else out[1]))(
+        model.forward = lambda idx, targets=None: (lambda out: (out[0], out[1] * self.poison if poison else out[1]))(
             forward(model, idx, targets)
         )
 
     def on_train_batch_end(self, trainer, pl_module, *args) -> None:
         self.weights[trainer.global_step] = copy.deepcopy(pl_module.model.state_dict())
+        self.optimizer_states[trainer.global_step] = copy.deepcopy(trainer.optimizers[0].state_dict()["state"])
 
 
-def fit(verdict: str, on_bad_step: str, bad_steps: set[int], max_steps: int = 6, **trainer_kwargs):
+def fit(verdict: str, on_bad_step: str, bad_steps: set[int], max_steps: int = 6, bad_micro_batches=frozenset(),
+        poison=NAN, **trainer_kwargs):  # fmt: skip
     torch.manual_seed(0)
     arch = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32)
     module = LanguageModel(arch, OptimConfig(lr=1e-2, warmup_steps=0),
                            divergence=DivergenceConfig(on_bad_step=on_bad_step, verdict=verdict))  # fmt: skip
-    tokens = torch.randint(0, 64, (max_steps * 4, 17))
+    tokens = torch.randint(0, 64, (max_steps * trainer_kwargs.get("accumulate_grad_batches", 1) * 4, 17))
     data = DataLoader(TensorDataset(tokens[:, :-1], tokens[:, 1:]), batch_size=4)
-    poison = PoisonedLoss(bad_steps)
+    poison = PoisonedLoss(bad_steps, bad_micro_batches, poison)
     trainer_kwargs = {"logger": False, **trainer_kwargs}
     trainer_kwargs["callbacks"] = [poison, *trainer_kwargs.get("callbacks", [])]
     trainer = L.Trainer(max_steps=max_steps, accelerator="cpu", enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, **trainer_kwargs)  # fmt: skip
     trainer.fit(module, data)
     return module, trainer, poison
+
+
+def assert_same_state(a: dict, b: dict) -> None:
+    """Two snapshots of weights or of AdamW's per-parameter state (moments and step count) are equal."""
+    assert a.keys() == b.keys()
+    for key, value in a.items():
+        if isinstance(value, dict):
+            assert_same_state(value, b[key])
+        else:
+            assert torch.equal(value, b[key]), key
 
 
 @pytest.mark.parametrize("verdict", ["host", "device"])
@@ -135,6 +174,42 @@ def test_a_bad_step_is_never_applied_and_the_run_stops(verdict):
         assert torch.equal(tensor, last_good[name]), name  # the poisoned step changed nothing
     optimizer = trainer.optimizers[0]
     assert all(int(optimizer.state[p]["step"]) == 3 for p in module.model.parameters())  # nor AdamW's state
+
+
+def test_with_accumulation_host_and_device_verdicts_skip_the_same_whole_steps(monkeypatch):
+    """A bad micro-batch makes its whole optimizer step a skipped step, counted once, in both verdict modes."""
+    # the same (fused) AdamW in both modes: any difference between them is then the verdicts'
+    monkeypatch.setattr("resnorm_lm.train.lightning_module.build_optimizer",
+                        lambda *args, fused=None: build_optimizer(*args, fused=True))  # fmt: skip
+    runs = {
+        verdict: fit(verdict, "skip", set(), max_steps=5, bad_micro_batches={2, 3, 7}, accumulate_grad_batches=2)
+        for verdict in ("host", "device")
+    }  # micro-batches 2 and 3 are step 1, micro-batch 7 is the second half of step 3
+    for module, trainer, poison in runs.values():
+        assert module.guard.skipped == 2 and module.guard.diverged is None and trainer.global_step == 5
+        for bad in (1, 3):  # the state after the bad step is the state before it
+            assert_same_state(poison.weights[bad + 1], poison.weights[bad])
+            assert_same_state(poison.optimizer_states[bad + 1], poison.optimizer_states[bad])
+        assert not torch.equal(poison.weights[3]["wte.weight"], poison.weights[2]["wte.weight"])  # good steps train
+    (host, *_), (device, *_) = runs.values()
+    assert_same_state(host.model.state_dict(), device.model.state_dict())
+    assert host.guard.state_dict() == device.guard.state_dict()
+
+
+def test_under_16_mixed_the_host_verdict_skips_a_whole_step_and_leaves_the_grad_scaler_alone():
+    """The GradScaler owns the optimizer's skip flag: the host verdict drops a bad step's gradients instead, so a
+    loss spike (finite gradients, which the scaler would apply) is skipped whole without touching the loss scale."""
+    scaler = torch.amp.GradScaler("cpu")  # 16-mixed on CPU: Lightning would switch to bf16, so the plugin is given
+    plugin = MixedPrecision("16-mixed", "cpu", scaler=scaler)
+    module, trainer, poison = fit("auto", "skip", set(), max_steps=5, bad_micro_batches={6}, poison=10.0,
+                                  accumulate_grad_batches=2, plugins=[plugin])  # fmt: skip
+    assert str(trainer.precision) == "16-mixed" and module.verdicts is None  # auto: host verdicts under a scaler
+    assert module.guard.skipped == 1 and trainer.global_step == 5
+    assert_same_state(
+        poison.weights[4], poison.weights[3]
+    )  # step 3 (micro-batches 6, the bad one, and 7) applied nothing
+    assert_same_state(poison.optimizer_states[4], poison.optimizer_states[3])
+    assert scaler.get_scale() == 2.0**16  # the initial scale: no step was taken for an overflow
 
 
 def test_device_skip_mode_masks_the_bad_step_and_trains_on():

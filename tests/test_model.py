@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from resnorm_lm.model import GPT, GPTConfig, count_parameters, initial_loss
-from resnorm_lm.norms import NORMS
-from resnorm_lm.placements import PLACEMENTS
+from resnorm_lm.model.gpt import GPT, GPTConfig, count_parameters, initial_loss
+from resnorm_lm.model.norms import NORMS
+from resnorm_lm.model.placements import PLACEMENTS
 
 TINY = dict(vocab_size=97, block_size=16, n_layer=3, n_head=2, n_embd=32)
 

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from resnorm_lm.norms import NORMS, build_norm
+from resnorm_lm.model.norms import NORMS, build_norm
 from tests.test_norms import fp64_twin, reference
 from tests.tolerances import FACTOR, unit_roundoff
 

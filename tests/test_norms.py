@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from resnorm_lm.norms import NORMS, DynamicTanh, LayerNorm, NoNorm, RMSNorm, ScaleNorm, build_norm
+from resnorm_lm.model.norms import NORMS, DynamicTanh, LayerNorm, NoNorm, RMSNorm, ScaleNorm, build_norm
 from tests import reference_norms as ref
 from tests.tolerances import assert_within_noise
 

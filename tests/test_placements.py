@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from resnorm_lm.model import GPT, GPTConfig
-from resnorm_lm.norms import LayerNorm
-from resnorm_lm.placements import PLACEMENTS, BlockContext, DeepNorm
+from resnorm_lm.model.gpt import GPT, GPTConfig
+from resnorm_lm.model.norms import LayerNorm
+from resnorm_lm.model.placements import PLACEMENTS, BlockContext, DeepNorm
 
 C = 16
 

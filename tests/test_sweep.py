@@ -17,9 +17,18 @@ import pytest
 import torch
 import yaml
 
+from resnorm_lm.analysis.sweep import (
+    Arm,
+    RunOutcome,
+    RunSpec,
+    Setting,
+    estimate_seconds,
+    expand_grid,
+    grid_settings,
+    select,
+)
 from resnorm_lm.data.unigram import unigram_cross_entropy
-from resnorm_lm.model import GPT, GPTConfig
-from resnorm_lm.sweep import RunOutcome, RunSpec, Setting, estimate_seconds, expand_grid, grid_settings, select
+from resnorm_lm.model.gpt import GPT, GPTConfig
 from tests.train_helpers import WORDS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,6 +90,52 @@ def test_not_learning_is_apart_from_diverged():
     assert RunOutcome(spec, 6.90).not_learning(unigram)  # worse than unigram
     assert not RunOutcome(spec, 6.25).not_learning(unigram)  # learned something beyond frequencies
     assert not RunOutcome(spec, None, diverged=True).not_learning(unigram)  # diverged is its own verdict
+
+
+class ScriptedTrainer:
+    """Stands in for compare's SweepTrainer: 'training' a run writes its eval.json with a scripted loss."""
+
+    def __init__(self, root: Path, profile: str, loss) -> None:
+        self.root, self.profile, self.loss, self.trained = str(root), profile, loss, []
+
+    def plan(self, specs, what, training=True):
+        from resnorm_lm.analysis.compare import run_state
+
+        return [s for s in specs if run_state(s.run_dir(self.root, self.profile)) != "finished"]
+
+    def train_all(self, specs):
+        for spec in specs:
+            run_dir = spec.run_dir(self.root, self.profile)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            loss = self.loss(spec.setting.lr, spec.seed)
+            split = {"loss": loss, "ppl": math.exp(loss), "bpb": loss / math.log(2)}
+            summary = {"finished": True, "step": 1, "eval": {"step": 1, "validation": split, "test": split}}
+            (run_dir / "eval.json").write_text(json.dumps(summary))
+            self.trained.append(spec)
+
+
+def test_the_sweep_runs_until_the_pick_has_every_seed_and_a_short_pick_is_flagged(tmp_path):
+    """Extra seeds are worse everywhere, so each round's pick falls back behind a one-seed setting: the pick
+    moves once per grid setting, more rounds than a fixed cap allowed (it ended on a one-seed pick)."""
+    from resnorm_lm.analysis.compare import recipe_row, run_sweep
+
+    lrs = [1e-3, 2e-3, 3e-3, 4e-3, 5e-3, 6e-3]
+    trainer = ScriptedTrainer(tmp_path, "smoke", lambda lr, seed: 1.0 + lr * 10 + (1.0 if seed > 1 else 0.0))
+    args = SimpleNamespace(recipes=["prenorm-12l"], lrs=lrs, warmups=None, grid_seeds=[1], seeds=[1, 2, 3],
+                           no_train=False, root=str(tmp_path), depths=None, lrs_at={},
+                           eval_precision="run")  # fmt: skip
+    selections, runs = run_sweep(args, "smoke", trainer)
+    chosen = selections[Arm("prenorm-12l")].chosen
+    assert chosen.setting.lr == 1e-3 and len(chosen.losses) == 3
+    assert len(trainer.trained) == len(lrs) * 3  # every setting got its seeds, one round each
+    assert recipe_row(selections[Arm("prenorm-12l")], runs, None, seeds_wanted=3)["status"] == "ok"
+
+    args.no_train, args.root = True, str(tmp_path / "grid-only")  # only the grid's seed 1 exists: nothing to train
+    grid_only = ScriptedTrainer(tmp_path / "grid-only", "smoke", trainer.loss)
+    grid_only.train_all([s for s in runs if s.seed == 1])
+    selections, runs = run_sweep(args, "smoke", grid_only)
+    row = recipe_row(selections[Arm("prenorm-12l")], runs, None, seeds_wanted=3)
+    assert row["n_seeds"] == 1 and row["status"] == "ok; pick has 1 of 3 seeds"
 
 
 def test_unigram_reference_is_the_cross_entropy_of_train_frequencies():
@@ -190,6 +245,34 @@ def test_a_tiny_sweep_interrupted_then_finished_picks_on_validation_and_tests_on
     sixth = compare(tmp_path, corpus)
     assert sixth.returncode != 0 and "checkpoints are gone" in sixth.stderr, sixth.stderr[-2000:]
     assert "smoke-lr0.003-wu2-seed1" in sixth.stderr and "compare: training" not in sixth.stdout
+
+
+def test_parallel_compare_prepares_the_data_once_before_the_jobs_start(tmp_path, monkeypatch, capsys):
+    """JOBS=2 on a cold cache: the data the runs resolve to (profile, recipe and --train-args) is prepared
+    in compare itself, once, before any job starts, so the jobs do not all build it at once."""
+    from resnorm_lm.analysis import compare
+    from resnorm_lm.data import datamodule
+
+    corpus, cache = write_learnable_corpus(tmp_path / "corpus", n_files=6, words_per_file=100), tmp_path / "cache"
+    events = []
+    real_prepare = datamodule.prepare
+    monkeypatch.setattr(datamodule, "prepare", lambda *a, **k: events.append("prepare") or real_prepare(*a, **k))
+
+    def job(cmd, **kwargs):  # a training job: sees how many prepared corpora the cache holds when it starts
+        events.append(("job", len(list(cache.glob("prepared/*/manifest.json")))))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(compare, "subprocess", SimpleNamespace(run=job))
+    extra = ["--data.corpus=text", f"--data.files=[{corpus}]", f"--data.cache_dir={cache}", "--data.vocab_size=300"]
+    trainer = compare.SweepTrainer("smoke", str(tmp_path / "runs"), extra, jobs=2)
+    specs = expand_grid(["prenorm-12l", "postnorm-12l"], grid_settings([1e-3, 3e-3], None), [1])
+    trainer.train_all(specs)
+    assert events == ["prepare"] + [("job", 1)] * 4  # one corpus, prepared once, before every job
+    (manifest,) = cache.glob("prepared/*/manifest.json")
+    assert json.loads(manifest.read_text())["tokenizer_settings"]["vocab_size"] == 300  # the jobs' own settings
+    assert "compare: preparing the data before the 2 parallel jobs start" in capsys.readouterr().out
+    trainer.train_all(specs[:2])  # a later round: prepared already
+    assert events.count("prepare") == 1 and len(events) == 7
 
 
 def test_compare_hardware_pairs_the_same_runs_of_two_machines(tmp_path):

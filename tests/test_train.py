@@ -14,9 +14,9 @@ import yaml
 
 from resnorm_lm.data import prepare
 from resnorm_lm.data.sampling import ResumableBatchSampler
-from resnorm_lm.model import GPT, GPTConfig
-from resnorm_lm.optim import OptimConfig, warmup_cosine
-from resnorm_lm.recipes import available_profiles, available_recipes
+from resnorm_lm.model.gpt import GPT, GPTConfig
+from resnorm_lm.train.optim import OptimConfig, warmup_cosine
+from resnorm_lm.train.recipes import available_profiles, available_recipes
 from tests.train_helpers import final_weights, run_cli, smoke_args, train_losses, write_corpus
 
 REPO = Path(__file__).resolve().parents[1]
@@ -115,7 +115,7 @@ def test_warmup_then_cosine_to_the_floor():
 
 
 def test_weight_decay_only_on_matrices():
-    from resnorm_lm.optim import parameter_groups
+    from resnorm_lm.train.optim import parameter_groups
 
     model = GPT(GPTConfig(vocab_size=64, block_size=8, n_layer=2, n_head=2, n_embd=16, placement="rezero"))
     decay, no_decay = parameter_groups(model, 0.1)
@@ -172,7 +172,7 @@ def test_resume_with_a_different_architecture_fails_clearly(tmp_path, corpus, ca
     assert run_cli(smoke_args(tmp_path, corpus, f"--run.root={root}", "--trainer.max_steps=2")) == 0
     code = run_cli(smoke_args(tmp_path, corpus, f"--run.root={root}", "--ckpt_path=last", "--model.arch.n_layer=4"))
     assert code == 2
-    assert "different architecture (n_layer: checkpoint 12 vs config 4)" in capsys.readouterr().err
+    assert "model.arch.n_layer: checkpoint 12, now 4" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- exact resume
@@ -190,7 +190,7 @@ def resume_matches_uninterrupted(tmp_path: Path, corpus: str, stop: int, total: 
     assert run_cli(smoke_args(tmp_path, corpus, f"--run.root={straight}", *common)) == 0
     assert run_cli(smoke_args(tmp_path, corpus, f"--run.root={split}", *common, f"--run.stop_after_steps={stop}")) == 0
     run_dir = split / "prenorm-12l" / "smoke-seed1"
-    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == stop
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == stop
     assert run_cli(smoke_args(tmp_path, corpus, f"--run.root={split}", *common, "--ckpt_path=last")) == 0
     a, b = train_losses(straight / "prenorm-12l" / "smoke-seed1"), train_losses(run_dir)
     assert sorted(a) == sorted(b) == list(range(total))
@@ -248,14 +248,14 @@ def test_compiled_model_trains_and_its_checkpoint_loads_uncompiled(tmp_path, cor
     root = tmp_path / "runs"
     code = run_cli(smoke_args(tmp_path, corpus, f"--run.root={root}", "--model.compile=true", "--trainer.max_steps=3"))
     assert code == 0, capsys.readouterr().err[-2000:]
-    from resnorm_lm.checkpoints import load_run
+    from resnorm_lm.train.checkpoints import load_run
 
     run = load_run(root / "prenorm-12l" / "smoke-seed1")  # plain module, the same state-dict keys
     assert run.global_step == 3
 
 
 def test_ddp_is_asked_for_only_with_more_than_one_process(monkeypatch):
-    from resnorm_lm.cli import processes
+    from resnorm_lm.train.lightning_cli import processes
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -267,8 +267,8 @@ def test_ddp_is_asked_for_only_with_more_than_one_process(monkeypatch):
 
 
 def test_a_single_device_run_gets_no_ddp_wrapper(tmp_path, corpus):
-    from resnorm_lm.cli import ResnormCLI
-    from resnorm_lm.recipes import expand_recipe_arguments
+    from resnorm_lm.train.lightning_cli import ResnormCLI
+    from resnorm_lm.train.recipes import expand_recipe_arguments
 
     args = expand_recipe_arguments(smoke_args(tmp_path, corpus, f"--run.root={tmp_path}", "--trainer.strategy=ddp"))
     cli = ResnormCLI(args=args[1:], run=False)  # without the subcommand: build, do not run
@@ -280,8 +280,8 @@ def test_a_profile_progress_bar_gives_way_to_enable_progress_bar_false(tmp_path,
     must turn it off instead of failing (seen on an H100: Lightning's MisconfigurationException)."""
     from lightning.pytorch.callbacks import ProgressBar
 
-    from resnorm_lm.cli import ResnormCLI
-    from resnorm_lm.recipes import expand_recipe_arguments
+    from resnorm_lm.train.lightning_cli import ResnormCLI
+    from resnorm_lm.train.recipes import expand_recipe_arguments
 
     bar = (
         '--trainer.callbacks+={"class_path": "lightning.pytorch.callbacks.TQDMProgressBar", '
@@ -296,7 +296,7 @@ def test_a_profile_progress_bar_gives_way_to_enable_progress_bar_false(tmp_path,
 
 
 def test_a_tuned_setting_applies_on_top_of_the_recipe_at_its_profile_only(tmp_path):
-    from resnorm_lm.recipes import expand_recipe_arguments
+    from resnorm_lm.train.recipes import expand_recipe_arguments
 
     root = tmp_path / "recipes"
     (root / "profiles").mkdir(parents=True)

@@ -62,6 +62,7 @@ class Manifest:
     dtype: str
     splits: dict[str, SplitStats]
     notes: str = ""
+    corpus_revision: str | None = None  # the pinned upstream revision (Hub corpora); None: pinned by content
     format_version: int = FORMAT_VERSION
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S%z"))
 

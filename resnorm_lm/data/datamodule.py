@@ -92,7 +92,7 @@ class TextDataModule(L.LightningDataModule):
         self.max_chars, self.dtype, self.random_offset = max_chars, dtype, random_offset
         self.prepared: PreparedData | None = None
 
-    def _prepare(self) -> PreparedData:
+    def _prepare(self, expected_fingerprint: str | None = None) -> PreparedData:
         return prepare(
             self.corpus,
             files=self.files,
@@ -100,10 +100,17 @@ class TextDataModule(L.LightningDataModule):
             cache_dir=self.cache_dir,
             dtype=self.dtype,
             max_chars=self.max_chars,
+            expected_fingerprint=expected_fingerprint,
         )
 
     def prepare_data(self) -> None:
         self._prepare()
+
+    def setup_expecting(self, corpus_fingerprint: str | None) -> None:
+        """``setup()`` for a checkpoint's data: a corpus whose documents no longer have the fingerprint the
+        checkpoint records raises ``CorpusChangedError`` before any tokenizer is trained or bin written."""
+        self.prepared = self._prepare(corpus_fingerprint)
+        self.setup()
 
     def setup(self, stage: str | None = None) -> None:
         if self.prepared is None:

@@ -17,3 +17,14 @@ class CorpusUnavailableError(DataError):
             "Use the embedded corpus with DATA=shakespeare (data.corpus=shakespeare), "
             "or local files with data.corpus=text data.files=[path, ...]"
         )
+
+
+class CorpusChangedError(DataError):
+    """The corpus's documents no longer have the fingerprint a checkpoint was trained on."""
+
+    def __init__(self, corpus: str, expected: str, found: str) -> None:
+        self.corpus, self.expected, self.found = corpus, expected, found
+        super().__init__(
+            f"corpus {corpus!r} has changed: its documents' fingerprint is {found[:16]}, the expected one "
+            f"{expected[:16]}"
+        )

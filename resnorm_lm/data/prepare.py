@@ -3,12 +3,15 @@
 The prepared folder is keyed by the corpus *source* (archive hash, file stats,
 Hub path and settings) and the tokenizer settings, so a warm call finds it
 without reading the corpus; its manifest records the content fingerprint.
+
+Concurrent preparations of the same corpus (parallel jobs, several nodes on one
+shared cache) are safe: each builds in a private folder and renames it into
+place; a process that loses the race uses the winner's folder (see ``cache``).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from dataclasses import asdict, dataclass
 from functools import cached_property
@@ -18,8 +21,17 @@ from typing import Any
 import numpy as np
 
 from resnorm_lm.data.bins import FORMAT_VERSION, Manifest, check_prepared, choose_dtype, tokenizer_file, write_split
-from resnorm_lm.data.cache import DataCache, sha256_file, sha256_json, write_json_atomic
-from resnorm_lm.data.corpora import SPLITS, build_corpus
+from resnorm_lm.data.cache import (
+    DataCache,
+    build_lock,
+    private_folder,
+    publish_folder,
+    sha256_file,
+    sha256_json,
+    write_json_atomic,
+)
+from resnorm_lm.data.corpora import SPLITS, Corpus, build_corpus
+from resnorm_lm.data.errors import CorpusChangedError
 from resnorm_lm.data.tokenizer import EOT, TokenizerSettings, load_or_train
 
 
@@ -60,11 +72,14 @@ def prepare(
     max_chars: int | None = None,
     path: str | None = None,
     min_frequency: int = 2,
+    expected_fingerprint: str | None = None,
 ) -> PreparedData:
     """Prepare (or find in the cache) the token bins of ``corpus`` and return them.
 
     ``files`` is for ``corpus="text"``, ``max_chars`` for streamed corpora,
     ``path`` replaces a Hub corpus's dataset path (a local mirror).
+    ``expected_fingerprint`` (a checkpoint's data): when the corpus must be read again and its documents
+    have another fingerprint, raise ``CorpusChangedError`` before a tokenizer is trained or anything is written.
     """
     cache = DataCache(cache_dir)
     source = build_corpus(corpus, cache, files=files, max_chars=max_chars, path=path)
@@ -79,12 +94,34 @@ def prepare(
     manifest, reason = check_prepared(folder, key, tokenizers_root)
     if manifest is not None:
         return PreparedData(folder, manifest, tokenizer_file(tokenizers_root, manifest))
-    if folder.exists():
-        _log(f"cache at {folder} is invalid ({reason}); rebuilding")
-        shutil.rmtree(folder)  # the old manifest goes first, so a half rebuild never looks valid
-    folder.mkdir(parents=True)
+    documents = source.documents()  # read once, and checked before anything is written (a lock file included)
+    if expected_fingerprint is not None and documents.fingerprint != expected_fingerprint:
+        raise CorpusChangedError(corpus, expected_fingerprint, documents.fingerprint)
+    with build_lock(folder):
+        manifest, reason = check_prepared(folder, key, tokenizers_root)  # another process built it while we waited
+        if manifest is not None:
+            return PreparedData(folder, manifest, tokenizer_file(tokenizers_root, manifest))
+        if folder.exists():
+            _log(f"cache at {folder} is invalid ({reason}); rebuilding")
+        with private_folder(folder) as build:
+            manifest = _build(build, corpus, key, source, documents, settings, np_dtype, cache)
+            if not publish_folder(build, folder, lambda f: check_prepared(f, key, tokenizers_root)[0] is not None):
+                manifest, _ = check_prepared(folder, key, tokenizers_root)  # another process's, the same tokens
+    return PreparedData(folder, manifest, tokenizer_file(tokenizers_root, manifest))
 
-    documents = source.documents()
+
+def _build(
+    folder: Path,
+    corpus: str,
+    key: str,
+    source: Corpus,
+    documents,
+    settings: TokenizerSettings,
+    np_dtype: np.dtype,
+    cache: DataCache,
+) -> Manifest:
+    """Tokenizer (cached), token bins and, last, the manifest of ``source``'s ``documents``, written into
+    ``folder``."""
     tokenizer, tok_path = load_or_train(cache, documents.fingerprint, documents.splits["train"], settings)
     eot_id = tokenizer.token_to_id(EOT)
     splits = {
@@ -103,9 +140,10 @@ def prepare(
         dtype=np_dtype.name,
         splits=splits,
         notes=documents.notes,
+        corpus_revision=source.revision(),
     )
     write_json_atomic(folder / "manifest.json", manifest.to_dict())
-    return PreparedData(folder, manifest, tok_path)
+    return manifest
 
 
 def summary(prepared: PreparedData) -> dict[str, Any]:

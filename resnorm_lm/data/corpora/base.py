@@ -78,6 +78,11 @@ class Corpus(ABC):
         """Settings that change the documents (part of the fingerprint); none by default."""
         return {}
 
+    def revision(self) -> str | None:
+        """The pinned upstream revision the documents are read at (a Hub commit), recorded in the manifest;
+        None where the source pins itself (an archive's sha256) or is local files."""
+        return None
+
     @abstractmethod
     def load_dataset(self) -> datasets.DatasetDict:
         """The splits ``train``, ``validation``, ``test``, each with a ``text`` column, one document a row."""

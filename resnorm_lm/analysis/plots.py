@@ -1,0 +1,352 @@
+"""Plots of a comparison: loss curves (against steps and wall time), per-layer gradient norms, LR
+sensitivity, and along a depth axis: loss and chosen LR against depth, stability maps (LR x depth),
+gradient norms and layer contribution per depth."""
+
+from __future__ import annotations
+
+import csv
+import math
+import statistics
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, float]]:
+    """metrics.csv rows as {column: float}, empty cells dropped."""
+    path = run_dir / "metrics.csv"
+    if not path.is_file():
+        return []
+    with path.open(newline="") as f:
+        return [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(f)]
+
+
+def series(rows: list[dict[str, float]], key: str) -> tuple[list[float], list[float]]:
+    points = sorted((r["step"], r[key]) for r in rows if key in r and "step" in r)
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def time_at(rows: list[dict[str, float]], steps: list[float]) -> list[float]:
+    """Training wall time at each step, interpolated from the logged time/train_s."""
+    known_steps, known_times = series(rows, "time/train_s")
+    if not known_steps:
+        return []
+    out = []
+    for step in steps:
+        i = next((j for j, s in enumerate(known_steps) if s >= step), len(known_steps) - 1)
+        if i == 0 or known_steps[i] == step:
+            out.append(known_times[i])
+        else:
+            s0, s1, t0, t1 = known_steps[i - 1], known_steps[i], known_times[i - 1], known_times[i]
+            out.append(t0 + (t1 - t0) * (step - s0) / max(s1 - s0, 1e-9))
+    return out
+
+
+def save_figure(fig, axes, legend_axes, path: Path) -> Path:
+    """Grid on every panel, legends where asked, then write the PNG and free the figure."""
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    for ax in legend_axes:
+        ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def recipe_colors(recipes) -> dict[str, tuple]:
+    """One colour per recipe, the same in every figure: tab10 up to ten recipes (tab20's pairs look alike)."""
+    names = sorted(set(recipes))
+    palette = plt.cm.tab10 if len(names) <= 10 else plt.cm.tab20
+    return {r: palette(i % palette.N) for i, r in enumerate(names)}
+
+
+def plot_loss_curves(runs: dict[str, list[Path]], out_dir: Path) -> Path:
+    """Training loss (thin) and validation loss (points) against steps and against training wall time."""
+    fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(12, 4.5), dpi=90)
+    finite: list[float] = []
+    colors = recipe_colors(runs)
+    for recipe, run_dirs in sorted(runs.items()):
+        color = colors[recipe]
+        for j, run_dir in enumerate(run_dirs):
+            rows = read_metrics(run_dir)
+            label = recipe if j == 0 else None
+            for key, style in (("train/loss", dict(lw=0.8, alpha=0.6)), ("val/loss", dict(marker="o", ms=4, lw=1.5))):
+                steps, losses = series(rows, key)
+                by_step.plot(steps, losses, color=color, label=label if key == "val/loss" else None, **style)
+                times = time_at(rows, steps)
+                if times:
+                    by_time.plot(times, losses, color=color, **style)
+                finite += [v for v in losses if v == v and abs(v) != float("inf")]
+    if finite:  # a diverged run's spike would flatten everyone else's curve: clip the view, not the data
+        finite.sort()
+        top = finite[int(0.98 * (len(finite) - 1))]
+        for ax in (by_step, by_time):
+            ax.set_ylim(finite[0] - 0.2, top + 0.3)
+    by_step.set(xlabel="optimizer step", ylabel="loss (nats/token)", title="train (line) and validation (dots) loss")
+    by_time.set(xlabel="training wall time (s)", ylabel="loss (nats/token)", title="the same against wall time")
+    return save_figure(fig, (by_step, by_time), (by_step,), out_dir / "loss_curves.png")
+
+
+def layer_norms(row: dict[str, float]) -> list[float]:
+    keys = sorted(k for k in row if k.startswith("grad_norm/layer_"))
+    return [row[k] for k in keys]
+
+
+def plot_grad_norms(runs: dict[str, list[Path]], out_dir: Path) -> Path:
+    fig, (early, late) = plt.subplots(1, 2, figsize=(12, 4.5), dpi=90, sharey=True)
+    colors = recipe_colors(runs)
+    for recipe, run_dirs in sorted(runs.items()):
+        rows = [r for r in read_metrics(run_dirs[0]) if any(k.startswith("grad_norm/layer_") for k in r)]
+        if not rows:
+            continue
+        color = colors[recipe]
+        first, last = rows[0], rows[-1]
+        early.plot(layer_norms(first), marker="o", ms=3, color=color, label=recipe)
+        late.plot(layer_norms(last), marker="o", ms=3, color=color, label=f"{recipe} (step {last['step']:.0f})")
+    early.set(title="per-layer gradient norm at step 0 (initialization)", xlabel="block", ylabel="||grad W||",
+              yscale="log")  # fmt: skip
+    late.set(title="per-layer gradient norm late in training", xlabel="block", yscale="log")
+    return save_figure(fig, (early, late), (early, late), out_dir / "grad_norms.png")
+
+
+def plot_lr_sensitivity(grid: list[dict], unigram: float | None, out_dir: Path) -> Path:
+    """Final validation loss against peak LR (log axis): a line per recipe and warmup, the unigram level dashed.
+
+    ``grid`` rows: recipe, lr, warmup, val_loss_mean (over the seeds that did not diverge; None where none
+    did), n_diverged, status, chosen. A setting where any seed diverged is drawn as a cross at the top of
+    the axes, not dropped.
+    """
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=90)
+    warmups = sorted({g["warmup"] for g in grid if g["warmup"] is not None})
+    styles = dict(zip(warmups, ["-", "--", ":", "-."] * 4))
+    finite = [g["val_loss_mean"] for g in grid if g["val_loss_mean"] is not None]
+    top = max(finite + ([unigram] if unigram else [])) + 0.2 if finite else 1.0
+    colors = recipe_colors(g["recipe"] for g in grid)
+    for recipe, color in colors.items():
+        for warmup in sorted({g["warmup"] for g in grid if g["recipe"] == recipe}, key=lambda w: (w is None, w)):
+            rows = sorted((g for g in grid if g["recipe"] == recipe and g["warmup"] == warmup and g["lr"] is not None),
+                          key=lambda g: g["lr"])  # fmt: skip
+            ok = [g for g in rows if g["val_loss_mean"] is not None and not g.get("n_diverged")]
+            label = recipe if len(warmups) < 2 else f"{recipe}, warmup {warmup}"
+            ax.plot([g["lr"] for g in ok], [g["val_loss_mean"] for g in ok], marker="o", ms=4, color=color,
+                    ls=styles.get(warmup, "-"), label=label)  # fmt: skip
+            chosen = [g for g in ok if g["chosen"]]
+            ax.plot([g["lr"] for g in chosen], [g["val_loss_mean"] for g in chosen], marker="*", ms=12, color=color,
+                    ls="none")  # fmt: skip
+            bad = [g for g in rows if g not in ok]  # a seed diverged: the setting does not train every time
+            ax.plot([g["lr"] for g in bad], [top] * len(bad), marker="x", ms=8, color=color, ls="none")
+    if unigram is not None:
+        ax.axhline(unigram, color="gray", ls="--", lw=1)
+        ax.text(
+            0.01,
+            unigram,
+            "unigram (not learning above)",
+            va="bottom",
+            fontsize=7,
+            color="gray",
+            transform=ax.get_yaxis_transform(),
+        )  # x in axes fraction: stays in view on a log axis
+    ax.set(xscale="log", xlabel="peak learning rate", ylabel="final validation loss (nats/token)",
+           title="LR sensitivity (star: chosen setting; x: a seed diverged)")  # fmt: skip
+    return save_figure(fig, (ax,), (ax,), out_dir / "lr_sensitivity.png")
+
+
+# ---------------------------------------------------------------------- the depth axis
+
+
+def depth_axis(ax, depths) -> None:
+    """Depth on a log2 axis, ticked at the depths swept."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(depths))
+    ax.set_xticklabels([str(d) for d in sorted(depths)])
+    ax.minorticks_off()
+
+
+def by_recipe(rows: list[dict]) -> dict[str, list[dict]]:
+    """Rows grouped by recipe, each group ordered by depth."""
+    out: dict[str, list[dict]] = {}
+    for row in sorted(rows, key=lambda r: (r["recipe"], r.get("n_layer") or 0)):
+        out.setdefault(row["recipe"], []).append(row)
+    return out
+
+
+def plot_depth_loss(table: list[dict], unigram: float | None, out_dir: Path) -> Path:
+    """Validation loss at each (recipe, depth)'s chosen setting against depth: a line per recipe, the seed
+    spread as error bars, hollow where the pick is not learning, a cross at the top where every setting
+    diverged, the unigram level dashed."""
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=90)
+    colors = recipe_colors(r["recipe"] for r in table)
+    finite = [r["val_loss_mean"] for r in table if r.get("val_loss_mean") is not None]
+    top = max(finite + ([unigram] if unigram else [])) + 0.2 if finite else 1.0
+    for recipe, rows in by_recipe(table).items():
+        ok = [r for r in rows if r.get("val_loss_mean") is not None]
+        ax.errorbar([r["n_layer"] for r in ok], [r["val_loss_mean"] for r in ok],
+                    yerr=[r.get("val_loss_std") or 0.0 for r in ok], color=colors[recipe], marker="o", ms=5,
+                    capsize=3, label=recipe)  # fmt: skip
+        stuck = [r for r in ok if r["status"].startswith("not learning")]
+        ax.plot([r["n_layer"] for r in stuck], [r["val_loss_mean"] for r in stuck], ls="none", marker="o", ms=9,
+                mfc="white", mec=colors[recipe])  # fmt: skip
+        diverged = [r for r in rows if r.get("val_loss_mean") is None and r["status"].startswith("diverged")]
+        ax.plot([r["n_layer"] for r in diverged], [top] * len(diverged), ls="none", marker="x", ms=9,
+                color=colors[recipe])  # fmt: skip
+    if unigram is not None:
+        ax.axhline(unigram, color="gray", ls="--", lw=1)
+        ax.text(0.01, unigram, "unigram (not learning above)", va="bottom", fontsize=7, color="gray",
+                transform=ax.get_yaxis_transform())  # fmt: skip
+    depth_axis(ax, {r["n_layer"] for r in table if r.get("n_layer")})
+    ax.set(xlabel="blocks (n_layer)", ylabel="validation loss at the chosen LR (nats/token)",
+           title="Best validation loss against depth\n"
+                 "(bars: seed std; hollow: not learning; x: every LR diverged)")  # fmt: skip
+    return save_figure(fig, (ax,), (ax,), out_dir / "depth_loss.png")
+
+
+def plot_depth_lr(table: list[dict], out_dir: Path) -> Path:
+    """The chosen peak LR against depth, a line per recipe; a triangle where the pick is at the grid's edge
+    (up: highest, down: lowest), hollow where the pick is not learning."""
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=90)
+    colors = recipe_colors(r["recipe"] for r in table)
+    groups = by_recipe(table)
+    for k, (recipe, rows) in enumerate(groups.items()):
+        ok = [r for r in rows if r.get("lr") is not None]
+        shift = 2 ** (0.03 * (k - (len(groups) - 1) / 2))  # picks share the grid's LRs: spread the lines apart
+        ax.plot([r["n_layer"] * shift for r in ok], [r["lr"] for r in ok], color=colors[recipe], marker="o", ms=5,
+                label=recipe)  # fmt: skip
+        for r in ok:
+            marker = {"highest": "^", "lowest": "v"}.get(r.get("lr_edge") or "", None)
+            stuck = r["status"].startswith("not learning")
+            if marker or stuck:
+                ax.plot([r["n_layer"] * shift], [r["lr"]], ls="none", marker=marker or "o", ms=10,
+                        color=colors[recipe], mfc="white" if stuck else colors[recipe])  # fmt: skip
+    depth_axis(ax, {r["n_layer"] for r in table if r.get("n_layer")})
+    ax.set(yscale="log", xlabel="blocks (n_layer)", ylabel="chosen peak learning rate",
+           title="Chosen LR against depth (triangle: at the grid's edge; hollow: not learning;\n"
+                 "lines shifted sideways a little so that equal picks stay visible)")  # fmt: skip
+    return save_figure(fig, (ax,), (ax,), out_dir / "depth_lr.png")
+
+
+def panels(n: int, ncols: int, width: float = 3.6, height: float = 3.0, **kwargs):
+    """A figure with ``n`` panels in rows of ``ncols``; the unused ones hidden."""
+    nrows = max(1, -(-n // ncols))
+    ncols = min(ncols, max(n, 1))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), dpi=90, squeeze=False, **kwargs)
+    flat = list(axes.flat)
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    return fig, flat[:n]
+
+
+def stability_cells(rows: list[dict]) -> tuple[list[float], list[int], dict[tuple[int, float], dict]]:
+    """A recipe's grid rows as heatmap cells: its LRs, its depths, and per (depth, lr) the best warmup's
+    row among those where no seed diverged, or the diverged row when every warmup had a divergence."""
+    lrs = sorted({r["lr"] for r in rows if r["lr"] is not None})
+    depths = sorted({r["n_layer"] for r in rows if r.get("n_layer")})
+    cells: dict[tuple[int, float], dict] = {}
+    for r in rows:
+        key = (r.get("n_layer"), r["lr"])
+        ok = r["val_loss_mean"] is not None and not r.get("n_diverged")
+        best = cells.get(key)
+        best_ok = best is not None and best["val_loss_mean"] is not None and not best.get("n_diverged")
+        if best is None or (ok and (not best_ok or r["val_loss_mean"] < best["val_loss_mean"])):
+            cells[key] = r
+    return lrs, depths, cells
+
+
+def plot_stability_maps(grid: list[dict], unigram: float | None, out_dir: Path) -> Path:
+    """A heatmap per recipe, LR x depth, coloured by the validation loss (the best warmup where there are
+    several): 'x' on grey where a seed diverged, 's' where the runs are not learning, a box at each depth's
+    chosen LR, blank where nothing was run. One colour scale for every panel, topped at the unigram level."""
+    groups = by_recipe([g for g in grid if g["lr"] is not None])
+    finite = [g["val_loss_mean"] for g in grid if g["val_loss_mean"] is not None and not g.get("n_diverged")]
+    vmin = min(finite) if finite else 0.0
+    vmax = unigram if unigram is not None and finite and unigram > vmin else (max(finite) if finite else 1.0)
+    cmap = plt.get_cmap("viridis").with_extremes(bad="white")  # bad: not run
+    fig, axes = panels(len(groups), ncols=min(5, max(len(groups), 1)), layout="constrained")
+    image = None
+    for ax, (recipe, rows) in zip(axes, groups.items()):
+        lrs, depths, cells = stability_cells(rows)
+        values = [[math.nan] * len(lrs) for _ in depths]  # (depths, lrs)
+        for (depth, lr), r in cells.items():
+            i, j = depths.index(depth), lrs.index(lr)
+            if r.get("n_diverged"):
+                ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, color="lightgray"))
+                ax.text(j, i, "x", ha="center", va="center", fontsize=8)
+            else:
+                values[i][j] = r["val_loss_mean"]
+                stuck = "\ns" if "not learning" in r["status"] else ""
+                bright = (r["val_loss_mean"] - vmin) / max(vmax - vmin, 1e-9) > 0.6  # viridis' yellow end
+                ax.text(j, i, f"{r['val_loss_mean']:.2f}{stuck}", ha="center", va="center", fontsize=6,
+                        color="black" if bright else "white")  # fmt: skip
+            if r.get("chosen"):
+                ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, ec="red", lw=2))
+        image = ax.imshow(values, cmap=cmap, vmin=vmin, vmax=vmax, origin="lower", aspect="auto")
+        ax.set_xticks(range(len(lrs)), [f"{lr:g}" for lr in lrs], rotation=60, fontsize=6)
+        ax.set_yticks(range(len(depths)), [str(d) for d in depths], fontsize=7)
+        ax.set(xlabel="peak LR", ylabel="blocks", title=recipe)
+    if image is not None:
+        fig.colorbar(image, ax=axes, shrink=0.8, label="validation loss (nats/token)")
+    fig.suptitle("Stability maps: LR x depth (x: a seed diverged; s: not learning; red box: chosen)", fontsize=10)
+    fig.savefig(out_dir / "stability_map.png")
+    plt.close(fig)
+    return out_dir / "stability_map.png"
+
+
+def plot_depth_grad_norms(runs: dict[tuple[str, int], Path], out_dir: Path) -> Path:
+    """Per-layer gradient norms at each depth, from one run per (recipe, depth) at its chosen setting:
+    metrics.csv's first logged row (step 0, the initialization, before any update) on top, its last row
+    (late in training) below; a column per depth, a line per recipe."""
+    depths = sorted({depth for _, depth in runs})
+    fig, axes = plt.subplots(2, max(len(depths), 1), figsize=(4 * max(len(depths), 1), 7), dpi=90, squeeze=False)
+    colors = recipe_colors(recipe for recipe, _ in runs)
+    for (recipe, depth), run_dir in sorted(runs.items()):
+        rows = [r for r in read_metrics(run_dir) if any(k.startswith("grad_norm/layer_") for k in r)]
+        if not rows:
+            continue
+        col = depths.index(depth)
+        for ax, row in ((axes[0][col], rows[0]), (axes[1][col], rows[-1])):
+            norms = layer_norms(row)
+            ax.plot(range(len(norms)), norms, marker="o", ms=2, color=colors[recipe], label=recipe)
+    for col, depth in enumerate(depths):
+        axes[0][col].set(title=f"{depth} blocks: step 0 (initialization)", yscale="log", ylabel="||grad W||")
+        axes[1][col].set(title=f"{depth} blocks: last logged step", yscale="log", xlabel="block (0: input side)",
+                         ylabel="||grad W||")  # fmt: skip
+    flat = list(axes.flat)
+    for ax in flat:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    return save_figure(fig, flat, flat[:1], out_dir / "depth_grad_norms.png")
+
+
+def plot_layer_contribution(rows: list[dict], out_dir: Path) -> Path:
+    """Per block, mean over seeds: the validation-loss increase when the block is skipped (top, symlog) and
+    the angular distance between its input and output (bottom); a column per depth, a line per recipe.
+
+    ``rows``: recipe, n_layer, seed, layer (0-based), loss_increase, angular_distance."""
+    depths = sorted({r["n_layer"] for r in rows})
+    fig, axes = plt.subplots(2, max(len(depths), 1), figsize=(4 * max(len(depths), 1), 7), dpi=90, squeeze=False)
+    colors = recipe_colors(r["recipe"] for r in rows)
+    for (recipe, depth), mine in sorted(group_rows(rows, ("recipe", "n_layer")).items()):
+        col = depths.index(depth)
+        layers = sorted({r["layer"] for r in mine})
+        for ax, key in ((axes[0][col], "loss_increase"), (axes[1][col], "angular_distance")):
+            means = [statistics.fmean([r[key] for r in mine if r["layer"] == layer]) for layer in layers]
+            ax.plot(layers, means, marker="o", ms=2, color=colors[recipe], label=recipe)
+    for col, depth in enumerate(depths):
+        axes[0][col].set(title=f"{depth} blocks: loss increase when skipped", ylabel="nats/token")
+        axes[0][col].set_yscale("symlog", linthresh=1e-2)  # a first block costs nats, a deep one hundredths
+        axes[1][col].set(title=f"{depth} blocks: angular distance in -> out", xlabel="block (0: input side)",
+                         ylim=(0, None))  # fmt: skip
+    flat = list(axes.flat)
+    for ax in flat:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    return save_figure(fig, flat, flat[:1], out_dir / "layer_contribution.png")
+
+
+def group_rows(rows: list[dict], keys: tuple[str, ...]) -> dict[tuple, list[dict]]:
+    out: dict[tuple, list[dict]] = {}
+    for row in rows:
+        out.setdefault(tuple(row[k] for k in keys), []).append(row)
+    return out

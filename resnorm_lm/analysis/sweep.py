@@ -1,0 +1,196 @@
+"""Learning-rate and warmup sweeps: the grid, the selection rule, the not-learning flag, the cost estimate.
+
+A comparison is fair only when every configuration had the same chance, so
+``compare`` trains each recipe over a grid of peak learning rates and warmups,
+picks each recipe's setting by its mean validation loss over the seeds run at
+it, and reports the test split only at the setting it picked. Tables and plots
+live in ``compare.py`` and ``plots.py``; this module only decides. With a depth axis, each (recipe, depth)
+is an ``Arm``: its own grid, selection and seeds, as if it were a recipe of its own.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from resnorm_lm.train.runs import RunConfig, run_directory
+
+NOT_LEARNING_NATS = 0.1  # a validation loss within this of the unigram reference (or above it) learned nothing
+
+
+@dataclass(frozen=True, order=True)
+class Setting:
+    """A peak learning rate and a warmup; None keeps the recipe's own value."""
+
+    lr: float | None = None
+    warmup: int | None = None
+
+    @property
+    def tag(self) -> str:
+        """The run-directory tag: '' for the recipe's own setting, else e.g. 'lr0.001-wu200'."""
+        parts = ([f"lr{self.lr:g}"] if self.lr is not None else []) + (
+            [f"wu{self.warmup}"] if self.warmup is not None else []
+        )
+        return "-".join(parts)
+
+    def overrides(self) -> list[str]:
+        """LightningCLI overrides that train at this setting."""
+        out = [f"--model.optim.lr={self.lr:g}"] if self.lr is not None else []
+        return out + ([f"--model.optim.warmup_steps={self.warmup}"] if self.warmup is not None else [])
+
+    def describe(self) -> str:
+        lr = f"lr {self.lr:g}" if self.lr is not None else "recipe lr"
+        return f"{lr}, warmup {self.warmup if self.warmup is not None else 'of the recipe'}"
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One tuned comparison: a recipe at a depth, with its own grid, selection and seeds.
+
+    ``depth`` overrides the recipe's number of blocks (``--model.arch.n_layer``); None keeps the recipe's
+    own, and with it the run directories of a sweep without depths, so those runs are reused as they are.
+    """
+
+    recipe: str
+    depth: int | None = None
+
+    @property
+    def tag(self) -> str:
+        """The depth's part of the run-directory tag: '' for the recipe's own depth, else e.g. 'd48'."""
+        return "" if self.depth is None else f"d{self.depth}"
+
+    def overrides(self) -> list[str]:
+        return [] if self.depth is None else [f"--model.arch.n_layer={self.depth}"]
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run of a sweep: recipe (at a depth) x setting x seed."""
+
+    recipe: str
+    setting: Setting
+    seed: int
+    depth: int | None = None  # Arm.depth: None is the recipe's own
+
+    @property
+    def arm(self) -> Arm:
+        return Arm(self.recipe, self.depth)
+
+    @property
+    def tag(self) -> str:
+        """'d48-lr0.001-wu200', 'lr0.001-wu200', 'd48' or '' (the recipe as plain ``make train`` runs it)."""
+        return "-".join(part for part in (self.arm.tag, self.setting.tag) if part)
+
+    def overrides(self) -> list[str]:
+        """LightningCLI overrides that train this run's depth and setting."""
+        return self.arm.overrides() + self.setting.overrides()
+
+    def run_dir(self, root: str, profile: str) -> Path:
+        return run_directory(RunConfig(recipe=self.recipe, profile=profile, root=root, tag=self.tag), self.seed)
+
+
+def grid_settings(lrs: list[float] | None, warmups: list[int] | None) -> list[Setting]:
+    """Every (lr, warmup) pair of the grid; an empty axis keeps the recipe's own value."""
+    return [Setting(lr, wu) for lr in (lrs or [None]) for wu in (warmups or [None])]
+
+
+def expand_grid(
+    recipes: list[str], settings: list[Setting], seeds: list[int], depth: int | None = None
+) -> list[RunSpec]:
+    return [RunSpec(r, s, seed, depth) for r in recipes for s in settings for seed in seeds]
+
+
+@dataclass
+class RunOutcome:
+    """What a finished run scored on validation, and how it ended."""
+
+    spec: RunSpec
+    val_loss: float | None
+    diverged: bool = False
+
+    def not_learning(self, unigram: float | None) -> bool:
+        """Stuck at (or above) the unigram reference: learned token frequencies and nothing else."""
+        if unigram is None or self.diverged or self.val_loss is None:
+            return False
+        return self.val_loss > unigram - NOT_LEARNING_NATS
+
+
+@dataclass
+class SettingScore:
+    """A recipe's runs at one setting, over seeds."""
+
+    setting: Setting
+    outcomes: list[RunOutcome] = field(default_factory=list)
+
+    @property
+    def n_diverged(self) -> int:
+        return sum(o.diverged or o.val_loss is None or not math.isfinite(o.val_loss) for o in self.outcomes)
+
+    @property
+    def losses(self) -> list[float]:
+        return [o.val_loss for o in self.outcomes if not o.diverged and o.val_loss is not None]
+
+    @property
+    def mean(self) -> float:
+        """Mean validation loss over seeds; infinite when any seed diverged (a setting must train every time)."""
+        if self.n_diverged or not self.losses:
+            return math.inf
+        return statistics.fmean(self.losses)
+
+    @property
+    def std(self) -> float:
+        return statistics.stdev(self.losses) if len(self.losses) > 1 else 0.0
+
+
+@dataclass
+class Selection:
+    """A recipe's chosen setting, the runner-up worth confirming, and whether the grid should be widened."""
+
+    recipe: str
+    chosen: SettingScore | None
+    runner_up: SettingScore | None
+    scores: list[SettingScore]
+    lr_edge: str | None = None  # "lowest" or "highest": the chosen lr is at that edge of a grid of several
+    depth: int | None = None  # Arm.depth: the n_layer override, None for the recipe's own
+    n_layer: int | None = None  # the number of blocks the runs have (for the tables; None: not known)
+
+    @property
+    def arm(self) -> Arm:
+        return Arm(self.recipe, self.depth)
+
+    @property
+    def confirm(self) -> list[Setting]:
+        """Settings that get the full set of seeds: the chosen one, and the runner-up when it lies within
+        the chosen one's seed spread (one seed could not tell them apart)."""
+        out = [self.chosen.setting] if self.chosen else []
+        if self.chosen and self.runner_up and math.isfinite(self.runner_up.mean):
+            spread = max(self.chosen.std, self.runner_up.std)
+            if self.runner_up.mean - self.chosen.mean <= spread:
+                out.append(self.runner_up.setting)
+        return out
+
+
+def select(recipe: str, outcomes: list[RunOutcome], depth: int | None = None, n_layer: int | None = None) -> Selection:
+    """The setting with the lowest mean validation loss over its seeds (test is never looked at).
+
+    ``outcomes`` are one arm's (the recipe at ``depth``): each depth is chosen on its own runs."""
+    by_setting: dict[Setting, SettingScore] = {}
+    for outcome in outcomes:
+        by_setting.setdefault(outcome.spec.setting, SettingScore(outcome.spec.setting)).outcomes.append(outcome)
+    scores = sorted(by_setting.values(), key=lambda s: (s.mean, -len(s.losses), s.setting.lr or 0))
+    chosen = scores[0] if scores and math.isfinite(scores[0].mean) else None
+    runner_up = scores[1] if len(scores) > 1 else None
+    edge = None
+    lrs = sorted({s.setting.lr for s in scores if s.setting.lr is not None})
+    if chosen and chosen.setting.lr is not None and len(lrs) > 1:
+        edge = "lowest" if chosen.setting.lr == lrs[0] else "highest" if chosen.setting.lr == lrs[-1] else None
+    return Selection(recipe, chosen, runner_up, scores, edge, depth, n_layer)
+
+
+def estimate_seconds(n_runs: int, max_steps: int, seconds_per_step: float | None, jobs: int) -> float | None:
+    """Wall time of training ``n_runs`` runs of ``max_steps`` steps, ``jobs`` at a time."""
+    if seconds_per_step is None or n_runs == 0:
+        return None if n_runs else 0.0
+    return math.ceil(n_runs / max(jobs, 1)) * max_steps * seconds_per_step

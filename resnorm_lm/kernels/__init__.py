@@ -1,5 +1,0 @@
-"""Triton kernels, kept apart from the nn.Module wrappers (resnorm_lm/norms_triton.py).
-
-Importing ``resnorm_lm.kernels.add_norm`` needs the ``triton`` package, and
-``TRITON_INTERPRET=1`` set beforehand to run on CPU tensors.
-"""

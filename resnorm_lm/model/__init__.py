@@ -1,0 +1,16 @@
+"""The model wing: the GPT, its residual placements, its norms and the fused Add & Norm kernels.
+
+    gpt.py           GPTConfig, GPT (nanoGPT-style decoder), count_parameters
+    placements.py    where the norm and the residual go: post-norm, pre-norm, sandwich, DeepNorm, ...
+    norms.py         LayerNorm, RMSNorm, ScaleNorm, DyT by name; the torch and triton backends
+    norms_triton.py  the triton backend's modules over kernels/
+    kernels/         the Triton "Add & Norm" kernels and their PyTorch custom operators
+    generate.py      sampling from a GPT
+
+Imports: torch, triton (kernels only) and ``resnorm_lm.registry``; nothing from ``data``, ``train`` or
+``analysis``. A model is usable without Lightning.
+"""
+
+from resnorm_lm.model.gpt import GPT, MLP, Block, CausalSelfAttention, GPTConfig, count_parameters, initial_loss
+
+__all__ = ["GPT", "GPTConfig", "Block", "CausalSelfAttention", "MLP", "count_parameters", "initial_loss"]

@@ -1,0 +1,177 @@
+"""A GPT-style decoder LM whose normalization and residual placement are chosen by name."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from resnorm_lm.model.norms import build_norm, check_norm_choice
+from resnorm_lm.model.placements import PLACEMENTS, BlockContext, Stream
+
+
+@dataclass
+class GPTConfig:
+    """Architecture of the model. Names, not classes, so the config stays serializable."""
+
+    vocab_size: int = 8192  # tokens in the vocabulary (linked from the data when training)
+    block_size: int = 256  # context length T, the size of the position table
+    n_layer: int = 12  # number of transformer blocks N (2N sublayers)
+    n_head: int = 4  # attention heads; must divide n_embd
+    n_embd: int = 256  # model width C
+    dropout: float = 0.0  # on attention weights, sublayer outputs and embeddings
+    bias: bool = True  # biases in Linear layers and norms (False: no bias parameters at all)
+    norm: str = "layernorm"  # layernorm | rmsnorm | scalenorm | dyt | none
+    norm_backend: str = "torch"  # torch | triton
+    norm_eps: float = 1e-5  # inside the square root: (x - mean) / sqrt(var + eps)
+    tie_embeddings: bool = True  # the LM head shares the token embedding matrix (False: its own matrix)
+    placement: str = (
+        "prenorm"  # postnorm | prenorm | sandwich | deepnorm | rezero | mixln | lns | b2t | resi_dual | noresidual
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.n_embd % self.n_head != 0:
+            raise ValueError(
+                f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}); "
+                f"for example n_head={_divisor_near(self.n_embd, self.n_head)}"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if not self.norm_eps > 0:
+            raise ValueError(f"norm_eps must be > 0, got {self.norm_eps}")
+        PLACEMENTS.get(self.placement)
+        check_norm_choice(self.norm, self.norm_backend)
+
+
+def norm_factory(cfg: GPTConfig):
+    """A no-argument builder of the configured norm (kind, backend, width, eps, bias)."""
+    return partial(build_norm, cfg.norm, cfg.n_embd, backend=cfg.norm_backend, eps=cfg.norm_eps, bias=cfg.bias)
+
+
+def _divisor_near(n: int, k: int) -> int:
+    return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: abs(d - k))
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention through ``F.scaled_dot_product_attention``."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.n_embd = cfg.n_embd
+        self.dropout = cfg.dropout
+        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)  # q, k, v fused
+        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+
+    def value_weight(self) -> torch.Tensor:
+        """The (C, C) rows of the fused weight that produce v (a view)."""
+        return self.c_attn.weight[2 * self.n_embd :]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)  # 3 x (B, T, C)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        dropout = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward: C -> 4C -> GELU -> C."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
+        self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))  # (B, T, 4C) inside
+
+
+class Block(nn.Module):
+    """Attention and MLP sublayers wired by the configured placement."""
+
+    def __init__(self, cfg: GPTConfig, layer: int) -> None:
+        super().__init__()
+        self.attn = CausalSelfAttention(cfg)
+        self.mlp = MLP(cfg)
+        self.placement = PLACEMENTS.get(cfg.placement)(BlockContext(layer, cfg.n_layer, norm_factory(cfg)))
+
+    def forward(self, stream: Stream) -> Stream:
+        return self.placement(stream, (self.attn, self.mlp))
+
+
+class GPT(nn.Module):
+    """Token + learned position embeddings, N blocks, a readout, and an LM head (tied to the token
+    embedding unless ``tie_embeddings`` is False)."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        placement = PLACEMENTS.get(cfg.placement)
+        self.placement_cls = placement
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList([Block(cfg, layer) for layer in range(cfg.n_layer)])
+        self.readout = placement.build_readout(norm_factory(cfg))
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.wte.weight  # tied input/output embeddings
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """GPT-2 init (std 0.02), then each placement's own rule for its sublayers."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        for block in self.blocks:
+            block.placement.init_sublayers(block.attn, block.mlp)
+
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """idx, targets: (B, T) token ids. Returns logits (B, T, V) and the mean cross-entropy."""
+        B, T = idx.shape
+        if T > self.config.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
+        pos = torch.arange(T, device=idx.device)  # (T,)
+        x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
+        stream = self.placement_cls.embed(x)
+        for block in self.blocks:
+            stream = block(stream)
+        logits = self.lm_head(self.readout(stream))  # (B, T, V)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+        return logits, loss
+
+    def num_parameters(self, non_embedding: bool = True) -> int:
+        """Parameters counted once (the tied head is not counted twice); without position embeddings by default."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.wpe.weight.numel() if non_embedding else n
+
+
+def count_parameters(model: nn.Module) -> int:
+    """All distinct parameters of a module (shared tensors counted once)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def initial_loss(vocab_size: int) -> float:
+    """The cross-entropy of a uniform prediction, ln(V): what an untrained model should score."""
+    return math.log(vocab_size)

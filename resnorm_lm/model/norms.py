@@ -1,0 +1,182 @@
+"""Normalization layers, chosen by name, each offering the Add & Norm primitive.
+
+Every norm maps (..., d) -> (..., d) over the last dimension and offers
+``add_norm(x, d) -> (norm(x + d), x + d)``: the residual add followed by the
+norm. The torch backend does it in two ops; a fused backend does it in one
+kernel. Placements are written against this primitive only.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from resnorm_lm.registry import Registry
+
+NORMS: Registry[type[Norm]] = Registry("norm")
+NORM_BACKENDS: Registry[type[NormBackend]] = Registry("norm backend")
+
+
+class Norm(nn.Module):
+    """Base class: ``forward(x)`` normalizes; ``add_norm`` fuses the residual add."""
+
+    def __init__(self, dim: int, eps: float = 1e-5, bias: bool = True) -> None:
+        super().__init__()
+        if dim < 1:
+            raise ValueError(f"norm dimension must be >= 1, got {dim}")
+        if not eps > 0:
+            raise ValueError(f"norm eps must be > 0, got {eps}")
+        self.dim = dim
+        self.eps = eps
+
+    def add_norm(self, x: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return ``(norm(x + d), x + d)``; x is the residual stream, d a sublayer output."""
+        s = x + d  # (B, T, C)
+        return self(s), s
+
+    def extra_repr(self) -> str:
+        return f"{self.dim}, eps={self.eps}"
+
+
+@NORMS.register("layernorm")
+class LayerNorm(Norm):
+    """``gamma * (x - mean) / sqrt(var + eps) + beta`` with the biased variance (Ba et al. 2016)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5, bias: bool = True) -> None:
+        super().__init__(dim, eps, bias)
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, (self.dim,), self.weight, self.bias, self.eps)
+
+
+@NORMS.register("rmsnorm")
+class RMSNorm(Norm):
+    """``gamma * x / sqrt(mean(x^2) + eps)`` (Zhang & Sennrich 2019). Never has a bias."""
+
+    def __init__(self, dim: int, eps: float = 1e-5, bias: bool = True) -> None:
+        super().__init__(dim, eps, bias)
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (self.dim,), self.weight, self.eps)
+
+
+@NORMS.register("scalenorm")
+class ScaleNorm(Norm):
+    """``g * x / max(||x||, eps)`` with one learnable scalar g, init sqrt(d) (Nguyen & Salazar 2019)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5, bias: bool = True) -> None:
+        super().__init__(dim, eps, bias)
+        self.gain = nn.Parameter(torch.tensor(math.sqrt(dim)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        norm = x.float().norm(dim=-1, keepdim=True).clamp_min(self.eps)  # (..., 1), fp32
+        return (x.float() * (self.gain / norm)).to(x.dtype)
+
+
+@NORMS.register("dyt")
+class DynamicTanh(Norm):
+    """DyT ``gamma * tanh(alpha * x) + beta``, scalar alpha init 0.5 (Zhu et al. 2025)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5, bias: bool = True, alpha_init: float = 0.5) -> None:
+        super().__init__(dim, eps, bias)
+        self.alpha = nn.Parameter(torch.tensor(alpha_init))
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # fp32 math: in bf16 the reduction behind d(alpha) over all elements loses ~25%.
+        y = self.weight.float() * torch.tanh(self.alpha.float() * x.float())
+        y = y + self.bias.float() if self.bias is not None else y
+        return y.to(x.dtype)
+
+
+@NORMS.register("none")
+class NoNorm(Norm):
+    """The identity: a placement's norms switched off (its add stays)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+class NormBackend:
+    """How a named norm is computed: picks the class that implements ``norm`` on this backend."""
+
+    name: str
+
+    @classmethod
+    def norm_class(cls, norm: str) -> type[Norm]:
+        raise NotImplementedError
+
+    @classmethod
+    def check_available(cls) -> None:
+        """Raise a clear error at config time when this backend cannot run here."""
+
+
+@NORM_BACKENDS.register("torch")
+class TorchBackend(NormBackend):
+    """Plain PyTorch ops: the add and the norm are two kernels."""
+
+    name = "torch"
+
+    @classmethod
+    def norm_class(cls, norm: str) -> type[Norm]:
+        return NORMS.get(norm)
+
+
+class BackendUnavailableError(ValueError):
+    """A norm backend that cannot run on this machine, or a norm it does not implement."""
+
+
+@NORM_BACKENDS.register("triton")
+class TritonBackend(NormBackend):
+    """Fused Triton Add & Norm kernels (layernorm, rmsnorm): one pass over memory, forward and backward."""
+
+    name = "triton"
+    norms = ("layernorm", "rmsnorm")
+
+    @classmethod
+    def check_available(cls) -> None:
+        if importlib.util.find_spec("triton") is None:
+            raise BackendUnavailableError(
+                "norm_backend 'triton' needs the triton package: pip install 'resnorm-lm[triton]' "
+                "(make install includes it), or use norm_backend: torch"
+            )
+        if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+            raise BackendUnavailableError(
+                "norm_backend 'triton' needs a CUDA GPU (or TRITON_INTERPRET=1, set before start-up, to run the "
+                "kernels in Triton's CPU interpreter for testing); on this machine use norm_backend: torch"
+            )
+
+    @classmethod
+    def norm_class(cls, norm: str) -> type[Norm]:
+        if norm not in cls.norms:
+            raise BackendUnavailableError(
+                f"norm_backend 'triton' implements {' and '.join(cls.norms)}, not {norm!r}; "
+                f"use norm_backend: torch for {norm}"
+            )
+        cls.check_available()
+        from resnorm_lm.model.norms_triton import TRITON_NORMS  # imports triton: only when chosen
+
+        return TRITON_NORMS[norm]
+
+
+def check_norm_choice(norm: str, backend: str) -> None:
+    """Validate a (norm, backend) pair without building anything: errors list valid names."""
+    NORMS.get(norm)
+    backend_cls = NORM_BACKENDS.get(backend)
+    backend_cls.check_available()
+    backend_cls.norm_class(norm)
+
+
+def build_norm(norm: str, dim: int, *, backend: str = "torch", eps: float = 1e-5, bias: bool = True) -> Norm:
+    """The norm named ``norm`` on ``backend``, over a last dimension of size ``dim``."""
+    NORMS.get(norm)  # unknown names fail with the list of valid ones, whatever the backend
+    return NORM_BACKENDS.get(backend).norm_class(norm)(dim, eps=eps, bias=bias)

@@ -1,0 +1,14 @@
+"""The training wing: everything between a recipe and a finished run directory.
+
+    lightning_cli.py     ResnormCLI: LightningCLI with recipes, profiles, precision, resume checks
+    lightning_module.py  LanguageModel, the GPT as a LightningModule
+    trainer.py, optim.py, precision.py       the Trainer, AdamW groups and schedule, ``precision: auto``
+    recipes.py, runs.py, resume.py           recipe/profile files, run directories and manifests, resume rules
+    checkpoints.py, checkpoint_files.py      loading runs and reading checkpoints (weights only)
+    faults.py, device_verdicts.py            atomic checkpoints, SIGTERM, the divergence guard (host and device)
+    config_checks.py                         numeric, hardware and memory checks before any work
+    monitors.py, logging.py, diagnostics.py  throughput, the CSV logger, per-layer gradient norms
+    summary.py                               the end-of-run evaluation, RESULT line and sample
+
+Imports: ``model``, ``data`` and ``resnorm_lm.registry``; nothing from ``analysis`` or ``cli``.
+"""

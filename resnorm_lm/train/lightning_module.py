@@ -1,0 +1,365 @@
+"""``LanguageModel``: the GPT as a LightningModule (loss, optimizer, metrics, resumable state)."""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import asdict
+
+import lightning as L
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torchmetrics import Metric
+
+from resnorm_lm.model.gpt import GPT, GPTConfig
+from resnorm_lm.train.device_verdicts import DeviceVerdicts, ReadVerdicts
+from resnorm_lm.train.diagnostics import grad_norms
+from resnorm_lm.train.faults import DivergenceConfig, DivergenceGuard, LossWindow
+from resnorm_lm.train.optim import OptimConfig, build_optimizer
+from resnorm_lm.train.resume import arch_differences
+
+IGNORE_INDEX = -100  # padded targets of the last evaluation window
+
+
+class SplitMetric(Metric):
+    """One number of an evaluation split (loss, ppl, bpb, word_ppl or targets) from the summed NLL and
+    target count, which torchmetrics sums across ranks; logged as a Metric object, so Lightning knows
+    it is already reduced (no per-metric sync_dist warning, no second reduction)."""
+
+    full_state_update = False
+
+    def __init__(self, quantity: str) -> None:
+        super().__init__()
+        self.quantity = quantity
+        self.split_sizes = (0, 0, 0)  # the whole split's targets, bytes and words: set before each pass
+        self.add_state("nll", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("targets", default=torch.tensor(0, dtype=torch.int64), dist_reduce_fx="sum")
+
+    def update(self, nll_sum: torch.Tensor, n_targets: torch.Tensor) -> None:
+        self.nll += nll_sum.double()
+        self.targets += n_targets
+
+    def compute(self) -> torch.Tensor:
+        targets = int(self.targets)
+        values = split_metrics(float(self.nll), targets, *self.split_sizes)
+        return torch.tensor(targets if self.quantity == "targets" else values[self.quantity], dtype=torch.float64)
+
+
+class SplitMetrics(torch.nn.ModuleDict):
+    """The ``SplitMetric`` of every quantity for one split."""
+
+    QUANTITIES = ("loss", "ppl", "bpb", "word_ppl", "targets")
+
+    def __init__(self) -> None:
+        super().__init__({q: SplitMetric(q) for q in self.QUANTITIES})
+
+    def start(self, split_targets: int, split_bytes: int, split_words: int) -> None:
+        for metric in self.values():
+            metric.split_sizes = (split_targets, split_bytes, split_words)
+
+    def available(self) -> list[str]:
+        """bpb needs the split's bytes and word_ppl its words (a corpus may define neither)."""
+        _, split_bytes, split_words = self["loss"].split_sizes
+        missing = {"bpb": not split_bytes, "word_ppl": not split_words}
+        return [q for q in self.QUANTITIES if not missing.get(q, False)]
+
+
+def split_metrics(nll: float, targets: int, split_targets: int, split_bytes: int, split_words: int) -> dict[str, float]:
+    """Loss, token perplexity, bits per byte and word-level perplexity of a split.
+
+    bpb and word perplexity convert the mean loss per token with the split's
+    bytes (words) per target token, so they are exact when the whole split was
+    evaluated and an estimate on a subset (limit_val_batches).
+    """
+    loss = nll / max(targets, 1)
+    out = {"loss": loss, "ppl": math.exp(min(loss, 700.0))}
+    if split_bytes:
+        out["bpb"] = loss * split_targets / (math.log(2) * split_bytes)
+    if split_words:
+        out["word_ppl"] = math.exp(min(loss * split_targets / split_words, 700.0))
+    return out
+
+
+class LanguageModel(L.LightningModule):
+    """Cross-entropy training of a ``GPT`` with AdamW, warmup + cosine, and split metrics.
+
+    Args:
+        arch: the model architecture (norm, backend, placement, sizes).
+        optim: optimizer and learning-rate schedule.
+        log_grad_norms: log total and per-layer gradient norms every ``log_every_n_steps``.
+        divergence: when a step's loss counts as diverged (NaN/Inf, or a factor above its running minimum),
+            whether a bad step stops the run or is skipped, and where it is judged (host, or on the
+            device with the fused optimizer skipping it there: resnorm_lm/train/device_verdicts.py). A step
+            is judged whole (all its micro-batches) and for all DDP ranks at once.
+        compile: torch.compile the GPT in place (``nn.Module.compile``: state-dict keys unchanged, so
+            checkpoints stay interchangeable). Opt-in: see docs/benchmarks.md for its effect here.
+    """
+
+    def __init__(
+        self,
+        arch: GPTConfig = GPTConfig(),  # noqa: B008 (a frozen default: never mutated)
+        optim: OptimConfig = OptimConfig(),  # noqa: B008
+        log_grad_norms: bool = True,
+        divergence: DivergenceConfig = DivergenceConfig(),  # noqa: B008
+        compile: bool = False,
+    ) -> None:
+        super().__init__()
+        self.arch = arch
+        self.optim = optim
+        self.guard = DivergenceGuard(divergence)
+        self.verdicts: DeviceVerdicts | None = None  # set by configure_optimizers where verdicts are on the device
+        self.losses = LossWindow()  # the micro-batch losses of the optimizer step being accumulated
+        self.drop_step = False  # a host verdict: the step about to run is bad, its gradients are dropped
+        self.compile_model = compile
+        self.log_grad_norms = log_grad_norms
+        self.save_hyperparameters({"arch": asdict(self.arch), "optim": asdict(self.optim)})
+        self.model = GPT(self.arch)
+        self.train_seconds_before = 0.0  # wall time of earlier segments of a resumed run
+        self.tokens_seen: int | None = 0  # training tokens consumed on all ranks (None: resumed from an old file)
+        self.schedule_steps: int | None = None  # the max_steps of the LR schedule: a resumed run keeps its own
+        self.fit_started_at = time.time()
+        self.val_metrics = SplitMetrics()
+        self.test_metrics = SplitMetrics()
+
+    # ------------------------------------------------------------------ training
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        logits, _ = self.model(idx)  # (B, T, V)
+        return logits
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch  # (B, T) each
+        _, loss = self.model(x, y)
+        self.losses.add(loss)
+        # never None (Lightning refuses that under DDP): a bad step is skipped whole at its optimizer step
+        if not self.trainer.fit_loop._should_accumulate():  # Lightning's own test: it steps after this micro-batch
+            self._judge_step()  # before the last backward, so a host verdict waits for this forward pass only
+        self.log("train/loss", loss, on_step=True, prog_bar=True)
+        return loss
+
+    def _judge_step(self) -> None:
+        """One verdict for the optimizer step about to run, the same on every rank: on the worst and best loss of
+        every micro-batch of the window on every rank (``LossWindow``: one small all-reduce under DDP)."""
+        window, step = self.losses.take(), self.trainer.global_step  # (3,)
+        if self.verdicts is not None:  # on the device; the fused optimizer skips a bad step there
+            self.verdicts.judge(window, step)
+            return
+        worst, best = torch.stack(LossWindow.extremes(window)).tolist()  # the host verdict's one sync
+        verdict = self.guard.judge(worst, step, best=best)
+        self.drop_step = verdict != "ok"
+        if verdict == "stop":
+            self.trainer.should_stop = True
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Gradient norms before clipping; then a bad step is skipped whole, on every rank alike."""
+        if self.losses.summary is not None:  # only if Lightning's _should_accumulate() stopped meaning what it says
+            raise RuntimeError("an optimizer step whose last micro-batch was not judged by the divergence guard")
+        self._log_grad_norms()
+        if self.verdicts is not None:
+            optimizer.found_inf = self.verdicts.take_mask()  # 1: the fused step leaves every state as it was
+        elif self.drop_step:
+            # every torch optimizer leaves a parameter without a gradient as it was (weights, moments, step
+            # count), fused or not, and under 16-mixed too: the GradScaler's skip flag stays its own
+            optimizer.zero_grad(set_to_none=True)
+            self.drop_step = False
+
+    def _log_grad_norms(self) -> None:
+        trainer = self.trainer
+        if not self.log_grad_norms or trainer.global_step % max(trainer.log_every_n_steps, 1) != 0:
+            return
+        total, per_layer = grad_norms(self.model)  # one host sync for all of them
+        metrics = {"grad_norm/total": total}
+        metrics.update({f"grad_norm/layer_{i:02d}": g for i, g in enumerate(per_layer)})
+        self.log_dict(metrics, on_step=True, on_epoch=False)
+
+    def configure_optimizers(self):
+        on_cuda = all(p.is_cuda for p in self.model.parameters())
+        self.verdicts = DeviceVerdicts(self.guard) if self._verdict_on_device(on_cuda) else None
+        # fused: one kernel per step on CUDA, and the only AdamW that can skip a step on the device; not
+        # under 16-mixed, whose GradScaler must unscale before Lightning clips (a fused step unscales inside)
+        fused = (on_cuda and not self._grad_scaler()) or self.verdicts is not None
+        self.schedule_steps = self.schedule_steps or self.trainer.max_steps  # set from the checkpoint on resume
+        optimizer, schedule = build_optimizer(self.model, self.optim, self.schedule_steps, fused=fused)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
+                                    gradient_clip_algorithm: str | None = None) -> None:  # fmt: skip
+        """Clip a fused optimizer's gradients here: Lightning's mixed-precision plugin refuses to clip for any
+        optimizer that can unscale inside its step (fused AdamW), even under bf16, where nothing is scaled
+        and the gradients are the true ones. With a GradScaler (16-mixed: never fused) Lightning clips."""
+        if not gradient_clip_val or self._grad_scaler() or not getattr(optimizer, "_step_supports_amp_scaling", False):
+            return super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if gradient_clip_algorithm == "value":
+            torch.nn.utils.clip_grad_value_(params, gradient_clip_val, foreach=True)
+        else:
+            torch.nn.utils.clip_grad_norm_(params, gradient_clip_val, foreach=True)
+
+    def _grad_scaler(self) -> bool:
+        return str(self.trainer.precision) == "16-mixed"
+
+    def _verdict_on_device(self, on_cuda: bool) -> bool:
+        scaler = self._grad_scaler()  # its GradScaler sets the optimizer's found_inf itself
+        choice = self.guard.config.verdict
+        if choice == "device" and scaler:
+            raise ValueError(
+                "divergence.verdict=device cannot be used with precision 16-mixed (the GradScaler owns the fused "
+                "optimizer's skip flag); use divergence.verdict=host or auto, or bf16-mixed"
+            )
+        return choice == "device" or (choice == "auto" and on_cuda and not scaler)
+
+    def configure_callbacks(self) -> list[L.Callback]:
+        return [ReadVerdicts()]  # a no-op with host verdicts
+
+    @property
+    def flops_per_batch(self) -> int | None:
+        """Training FLOPs of one batch, 6N + 12 L C T per token (PaLM, appendix B), for ThroughputMonitor."""
+        batch = getattr(self.trainer.datamodule, "batch_size", None) if self._trainer else None
+        if batch is None:
+            return None
+        a = self.arch
+        per_token = 6 * self.model.num_parameters() + 12 * a.n_layer * a.n_embd * a.block_size
+        return per_token * batch * a.block_size
+
+    # ------------------------------------------------------------------ evaluation
+
+    def _eval_step(self, batch: tuple[torch.Tensor, torch.Tensor], prefix: str, metrics: SplitMetrics) -> None:
+        x, y = batch  # (B, T) each; padded targets are IGNORE_INDEX
+        logits = self(x)  # (B, T, V)
+        nll = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+        n_targets = (y != IGNORE_INDEX).sum()
+        for quantity in metrics.available():
+            metrics[quantity].update(nll, n_targets)
+            self.log(
+                f"{prefix}/{quantity}", metrics[quantity], on_step=False, on_epoch=True, prog_bar=quantity == "ppl"
+            )
+
+    def _start_split(self, split: str, metrics: SplitMetrics) -> None:
+        dm = self.trainer.datamodule
+        if dm is None:  # a bare Trainer with loaders only: the pass's own targets, no bytes or words
+            metrics.start(0, 0, 0)
+            return
+        metrics.start(dm.eval_windows(split).n_targets, dm.split_bytes(split), dm.split_words(split))
+
+    def on_validation_epoch_start(self) -> None:
+        self._start_split("validation", self.val_metrics)
+
+    def on_test_epoch_start(self) -> None:
+        self._start_split("test", self.test_metrics)
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        self._eval_step(batch, "val", self.val_metrics)
+
+    def test_step(self, batch, batch_idx: int) -> None:
+        self._eval_step(batch, "test", self.test_metrics)
+
+    def on_validation_epoch_end(self) -> None:
+        if not self.trainer.sanity_checking:
+            self.last_validated_step = self.trainer.global_step
+
+    def configure_model(self) -> None:
+        if self.compile_model:
+            self.model.compile()
+
+    def on_fit_start(self) -> None:
+        self.fit_started_at = time.time()
+
+    def train_seconds(self) -> float:
+        """Wall time spent in fit() so far, resumed segments added up."""
+        return self.train_seconds_before + (time.time() - self.fit_started_at)
+
+    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        # counted as the batch starts, so a checkpoint written at this batch's end includes it
+        if self.tokens_seen is not None:
+            self.tokens_seen += batch[0].numel() * self.trainer.world_size  # (B, T) windows on each rank
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        if self.trainer.global_step % max(self.trainer.log_every_n_steps, 1) == 0:
+            self.log("time/train_s", self.train_seconds(), on_step=True, on_epoch=False)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Add what Lightning does not save: RNG states, and the data identity for resume checks."""
+        checkpoint["train_seconds"] = self.train_seconds()
+        checkpoint["precision"] = str(self.trainer.precision)  # a resumed run keeps it (precision: auto)
+        checkpoint["tokens_seen"] = self.tokens_seen
+        checkpoint["schedule_max_steps"] = self.schedule_steps  # extending a run keeps its schedule (resume.py)
+        if self.verdicts is not None:
+            self.verdicts.collect()  # the host records up to this step
+        checkpoint["divergence_guard"] = self.guard.state_dict()
+        checkpoint["rng_states"] = {
+            "python": random.getstate(),
+            "numpy": numpy_rng_state(),
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        }
+        dm = self.trainer.datamodule if self._trainer else None
+        manifest = getattr(dm, "manifest", None) if dm is not None else None
+        if manifest is not None:
+            checkpoint["data_identity"] = data_identity(manifest)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        saved = checkpoint.get("hyper_parameters", {}).get("arch")
+        if saved is None:
+            raise ValueError("not a resnorm-lm checkpoint: it has no 'arch' hyperparameters")
+        diff = arch_differences(saved, asdict(self.arch))  # the CLI checked this already; Trainer.fit users too
+        if diff:
+            details = ", ".join(diff)
+            raise ValueError(
+                f"the checkpoint was trained with a different architecture ({details}); "
+                "resume with the recipe and profile it was trained with, or start a new run"
+            )
+        dm = self.trainer.datamodule if self._trainer else None
+        manifest = getattr(dm, "manifest", None) if dm is not None else None
+        if manifest is not None and "data_identity" in checkpoint:
+            differences = identity_differences(checkpoint["data_identity"], data_identity(manifest))
+            if differences:
+                raise ValueError(
+                    f"the checkpoint was trained on different data or tokenizer ({'; '.join(differences)}); "
+                    "resume with the same data settings, or start a new run"
+                )
+        self.train_seconds_before = float(checkpoint.get("train_seconds", 0.0))
+        self.tokens_seen = checkpoint.get("tokens_seen")  # None in files from before it was counted
+        self.schedule_steps = checkpoint.get("schedule_max_steps")  # before configure_optimizers builds it
+        if "divergence_guard" in checkpoint:
+            self.guard.load_state_dict(checkpoint["divergence_guard"])  # device verdicts start from these
+        states = checkpoint.get("rng_states")
+        if states is not None:
+            random.setstate(states["python"])
+            set_numpy_rng_state(states["numpy"])
+            torch.set_rng_state(states["torch"])
+            if states["cuda"] and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def numpy_rng_state() -> dict:
+    """numpy's global RNG state as tensors and ints, loadable as data (resnorm_lm/train/checkpoint_files.py)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+            "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}  # fmt: skip
+
+
+def set_numpy_rng_state(state: dict) -> None:
+    keys = state["keys"].numpy().astype(np.uint32)
+    np.random.set_state((state["name"], keys, state["pos"], state["has_gauss"], state["cached_gaussian"]))
+
+
+def data_identity(manifest) -> dict[str, str]:
+    """What must match between a checkpoint and the data it resumes on, is evaluated on or samples with:
+    the documents (their fingerprint), the upstream revision they were read at (Hub corpora) and the tokenizer."""
+    identity = {"corpus_fingerprint": manifest.corpus_fingerprint, "tokenizer_sha256": manifest.tokenizer_sha256}
+    if getattr(manifest, "corpus_revision", None):
+        identity["corpus_revision"] = manifest.corpus_revision
+    return identity
+
+
+def identity_differences(then: dict[str, str], now: dict[str, str]) -> list[str]:
+    """``"key: checkpoint X vs now Y"`` for each part of a checkpoint's data identity that ``now`` does not match.
+
+    Only the keys the checkpoint records count: one written before a key existed is judged on the others.
+    """
+    return [f"{key}: checkpoint {then[key]} vs now {now.get(key, 'none')}" for key in sorted(then)
+            if now.get(key) != then[key]]  # fmt: skip

@@ -1,0 +1,42 @@
+"""A CSVLogger that continues a resumed run's ``metrics.csv`` instead of deleting it."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+
+
+def rows_up_to_step(path: Path, step: int) -> list[dict[str, Any]]:
+    """The rows of a metrics.csv logged at or before ``step`` (later ones belong to the lost tail)."""
+    if not path.is_file():
+        return []
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    return [{k: v for k, v in row.items() if v != ""} for row in rows if float(row.get("step") or 0) <= step]
+
+
+class ContinuedCSVLogger(CSVLogger):
+    """Writes ``<save_dir>/metrics.csv``; on resume from step k, keeps the earlier rows up to k.
+
+    Lightning's CSVLogger deletes an existing metrics.csv; a resumed run should keep
+    its history, minus the rows logged after the checkpoint it resumes from.
+    """
+
+    def __init__(self, save_dir: str | Path, resume_step: int | None = None) -> None:
+        previous = rows_up_to_step(Path(save_dir) / "metrics.csv", resume_step) if resume_step is not None else []
+        super().__init__(save_dir=str(save_dir), name="", version="")
+        self._previous_rows = previous
+
+    @property
+    def experiment(self):
+        fresh = self._experiment is None
+        writer = super().experiment
+        # rank 0 only: other ranks get Lightning's dummy experiment, which has every attribute (as a no-op)
+        if fresh and self._previous_rows and isinstance(writer, ExperimentWriter):
+            writer.metrics[:0] = self._previous_rows  # written before any new row, on the first save
+            self._previous_rows = []
+        return writer

@@ -1,0 +1,180 @@
+"""Run directories: where a run lives, what it records (manifest, eval.json), and its RESULT line."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_only
+
+from resnorm_lm.data.cache import write_json_atomic
+from resnorm_lm.train.precision import PrecisionChoice, cpu_features, native_bf16_flags
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class RunConfig:
+    """Where the run lives and how often it saves. Set by `make train`; rarely by hand."""
+
+    recipe: str = "custom"  # recipe name: runs/<recipe>/...
+    profile: str = "custom"  # profile name: runs/<recipe>/<profile>-seed<k>
+    tag: str = ""  # a sweep setting such as lr1e-3-wu200: runs/<recipe>/<profile>-<tag>-seed<k>
+    root: str = "runs"  # parent of all run directories
+    checkpoint_every: int = 100  # save checkpoints/last.ckpt every N optimizer steps (and at the end)
+    dist_timeout_s: int = 120  # collective-op timeout under DDP: a dead rank ends the job, not a hang
+    sample_tokens: int = 0  # after training, print a sample of this many tokens (0: none)
+    stop_after_steps: int | None = None  # stop at this step with the schedule of max_steps (split a run into jobs)
+
+    def __post_init__(self) -> None:
+        for name, minimum in (("checkpoint_every", 1), ("dist_timeout_s", 1), ("sample_tokens", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ValueError(f"run.{name} must be an integer >= {minimum}, got {value!r}")
+        if self.stop_after_steps is not None and not self.stop_after_steps >= 1:
+            raise ValueError(f"run.stop_after_steps must be a step >= 1 (or null), got {self.stop_after_steps!r}")
+
+
+def run_directory(run: RunConfig, seed: int | None) -> Path:
+    tag = f"-{run.tag}" if run.tag else ""
+    return Path(run.root) / run.recipe / f"{run.profile}{tag}-seed{seed if seed is not None else 'none'}"
+
+
+def code_revision() -> str:
+    """The git commit of the code, with '+dirty' when the tree has uncommitted changes."""
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+                               capture_output=True, text=True, check=True)  # fmt: skip
+        return rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def package_versions() -> dict[str, str]:
+    names = ["torch", "lightning", "torchmetrics", "datasets", "tokenizers", "jsonargparse", "numpy", "triton"]
+    out = {"python": sys.version.split()[0]}
+    for name in names:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def cpu_model_and_bf16() -> tuple[str, bool]:
+    """The CPU's model name and whether it has native bf16 arithmetic (AVX512_BF16 or AMX; BF16 on Arm)."""
+    features = cpu_features()
+    return features.get("cpu_name") or platform.machine(), bool(native_bf16_flags(features))
+
+
+def hardware() -> dict[str, Any]:
+    model, bf16 = cpu_model_and_bf16()
+    info: dict[str, Any] = {"platform": platform.platform(), "cpu": model, "cpu_native_bf16": bf16}
+    info["cpu_count"] = os.cpu_count()
+    if torch.cuda.is_available():
+        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return info
+
+
+class RunManifest(L.Callback):
+    """Writes ``manifest.json`` at the start of fitting: code, versions, hardware, data, seed, profile."""
+
+    def __init__(self, run_dir: Path, run: RunConfig, seed: int | None, precision: PrecisionChoice | None = None,
+                 resumed_from_step: int | None = None) -> None:  # fmt: skip
+        self.run_dir, self.run, self.seed, self.precision = run_dir, run, seed, precision
+        self.resumed_from_step = resumed_from_step
+
+    @rank_zero_only
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """One segment per start or resume, in order; the top level describes the run and its latest segment."""
+        manifest = getattr(trainer.datamodule, "manifest", None)
+        data = None
+        if manifest is not None:
+            data = {
+                "corpus": manifest.corpus,
+                "corpus_fingerprint": manifest.corpus_fingerprint,
+                "corpus_revision": manifest.corpus_revision,
+                "tokenizer_sha256": manifest.tokenizer_sha256,
+                "vocab_size": manifest.vocab_size,
+                "splits": {k: vars(v) for k, v in manifest.splits.items()},
+            }
+        segment = {
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "resumed_from_step": self.resumed_from_step or 0,
+            "host": platform.node(),
+            "code_revision": code_revision(),
+            "packages": package_versions(),
+            "hardware": hardware(),
+            "precision": str(trainer.precision),
+            "precision_reason": self.precision.reason if self.precision else None,
+            "world_size": trainer.world_size,
+        }
+        path = self.run_dir / "manifest.json"
+        earlier = json.loads(path.read_text()) if self.resumed_from_step is not None and path.is_file() else {}
+        segments = earlier.get("segments") or ([legacy_segment(earlier)] if earlier else [])
+        write_json_atomic(path, {
+            "recipe": self.run.recipe,
+            "profile": self.run.profile,
+            "seed": self.seed,
+            **segment,
+            "started": earlier.get("started", segment["started"]),  # when the run began
+            "data": data,
+            "parameters": sum(p.numel() for p in pl_module.parameters()),
+            "segments": [*segments, segment],
+        })  # fmt: skip
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        """The run a checkpoint belongs to and what its data position is counted in (resume checks)."""
+        checkpoint["run"] = {"recipe": self.run.recipe, "profile": self.run.profile, "tag": self.run.tag,
+                             "seed": self.seed, "world_size": trainer.world_size,
+                             "accumulate_grad_batches": trainer.accumulate_grad_batches}  # fmt: skip
+
+
+def legacy_segment(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The one segment a manifest written before segments were kept describes."""
+    keys = ("started", "resumed_from_step", "code_revision", "packages", "hardware", "precision", "precision_reason",
+            "world_size", "ended")  # fmt: skip
+    return {k: manifest[k] for k in keys if k in manifest}
+
+
+class StopAfterSteps(L.Callback):
+    """Stops training at a step before max_steps, leaving the LR schedule (set by max_steps) unchanged.
+
+    The checkpoint callbacks run after this one (Lightning orders them last), so
+    a step that is a multiple of ``run.checkpoint_every`` is saved before stopping.
+    """
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if trainer.global_step >= self.step:
+            trainer.should_stop = True
+
+
+def tokens_seen(trainer: L.Trainer, batch_size: int, block_size: int) -> int:
+    """Training tokens consumed over all ranks: steps x accumulation x batch x context x ranks."""
+    return trainer.global_step * trainer.accumulate_grad_batches * batch_size * block_size * trainer.world_size
+
+
+def result_line(summary: dict[str, Any]) -> str:
+    """``RESULT key=value ...``: the one line every training run ends with."""
+    keys = ["run", "step", "val_loss", "val_ppl", "val_bpb", "val_word_ppl", "tokens", "params", "wall_s", "diverged",
+            "preempted"]  # fmt: skip
+    parts = []
+    for key in keys:
+        if summary.get(key) is not None and not (key == "preempted" and not summary[key]):
+            value = summary[key]
+            parts.append(f"{key}={value:.4f}" if isinstance(value, float) else f"{key}={value}")
+    return "RESULT " + " ".join(parts)
