@@ -102,6 +102,7 @@ def test_bad_paths_and_text_that_is_not_utf8_are_refused(tmp_path, corpus, capsy
     [
         (["eval", "{tmp}/missing"], "does not exist"),
         (["eval", "{tmp}"], "is not a run directory with checkpoints/last.ckpt"),
+        (["eval", "{tmp}", "--devices", "0"], "--devices must be >= 1"),
         (["generate", "{tmp}/missing"], "does not exist"),
         (["generate", "{tmp}", "--tokens", "-1"], "--tokens and --top_k >= 0"),
         (["generate", "{tmp}", "--temperature", "0"], "--temperature must be > 0"),

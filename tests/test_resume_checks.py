@@ -98,6 +98,20 @@ def test_a_resume_adds_a_manifest_segment_and_counts_the_tokens_it_saw(started, 
     assert summary["tokens"] == 4 * 4 * 32  # 4 steps of 4 windows of 32 tokens, over both segments
 
 
+def test_a_manifest_written_before_segments_were_kept_becomes_the_first_segment(started, tmp_path):
+    """An older run's manifest had its one segment's facts at the top level: a resume keeps them as segment 0."""
+    root, run_dir = copy_run(started, tmp_path)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    flat = {**manifest, "host": "the-old-host", "code_revision": "0123abc"}
+    del flat["segments"]
+    (run_dir / "manifest.json").write_text(json.dumps(flat))
+    assert run_cli(resume_args(started, "--ckpt_path=last", root=root)) == 0
+    segments = json.loads((run_dir / "manifest.json").read_text())["segments"]
+    assert [s["resumed_from_step"] for s in segments] == [0, 2]
+    assert (segments[0]["host"], segments[0]["code_revision"]) == ("the-old-host", "0123abc")
+    assert segments[0]["started"] == manifest["started"] and segments[1]["host"] != "the-old-host"
+
+
 def lrs(run_dir) -> dict[int, float]:
     with (run_dir / "metrics.csv").open() as f:
         return {int(r["step"]): float(r["lr-AdamW/pg1"]) for r in csv.DictReader(f) if r.get("lr-AdamW/pg1")}

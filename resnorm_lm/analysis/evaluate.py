@@ -202,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--devices", type=int, default=1, help="GPUs (or CPU processes) to shard the windows over")
     parser.add_argument("--csv", help="also write the table as CSV here")
     args = parser.parse_args(argv)
+    if args.devices < 1:
+        parser.error(f"--devices must be >= 1 (GPUs, or CPU processes, to shard the windows over), got {args.devices}")
     try:
         rows = evaluate_paths(args.runs, args.split, args.precision, args.devices)
     except (CheckpointError, PrecisionError) as err:

@@ -3,12 +3,13 @@
 A checkpoint is a pickle, and a pickle can name any importable callable to be called while it is read
 (``os.system`` through an object's ``__reduce__``, say). People share checkpoints and schedulers resume
 from paths that others can write, so every checkpoint this project reads, itself or through Lightning
-(``SafeCheckpointIO`` below), is read by ``read_checkpoint_file``: a ``torch.load(weights_only=True)``,
-whose unpickler builds only tensors, containers and plain values and refuses every other global before
-calling it. What resnorm-lm's own checkpoints hold is exactly that (model and optimizer state, the LR
-schedule, RNG states as tensors, the divergence guard's records, hyperparameters as plain dicts), so no
-extra global is allowed. A refused file is reported with the first global it names, and without torch's
-advice to load it unrestricted: that is the one thing to avoid with a file from elsewhere.
+(its ``AtomicCheckpointIO`` in ``train/faults.py``), is read by ``read_checkpoint_file``: a
+``torch.load(weights_only=True)``, whose unpickler builds only tensors, containers and plain values and
+refuses every other global before calling it. What resnorm-lm's own checkpoints hold is exactly that
+(model and optimizer state, the LR schedule, RNG states as tensors, the divergence guard's records,
+hyperparameters as plain dicts), so no extra global is allowed. A refused file is reported with the
+first global it names, and without torch's advice to load it unrestricted: that is the one thing to
+avoid with a file from elsewhere.
 """
 
 from __future__ import annotations

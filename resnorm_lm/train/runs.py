@@ -143,8 +143,8 @@ class RunManifest(L.Callback):
 
 def legacy_segment(manifest: dict[str, Any]) -> dict[str, Any]:
     """The one segment a manifest written before segments were kept describes."""
-    keys = ("started", "resumed_from_step", "code_revision", "packages", "hardware", "precision", "precision_reason",
-            "world_size", "ended")  # fmt: skip
+    keys = ("started", "resumed_from_step", "host", "code_revision", "packages", "hardware", "precision",
+            "precision_reason", "world_size", "ended")  # fmt: skip
     return {k: manifest[k] for k in keys if k in manifest}
 
 
