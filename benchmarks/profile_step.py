@@ -58,6 +58,7 @@ def main() -> int:
 
     from torch.profiler import ProfilerActivity, profile
 
+    from benchmarks.bench_training import peak_flops
     from resnorm_lm.model import GPT, GPTConfig
 
     if not args.smoke and not torch.cuda.is_available():
@@ -125,11 +126,7 @@ def main() -> int:
     gpu_ms = sum(shares.values())
     tokens = args.batch * cfg.block_size
     per_token = 6 * model.num_parameters() + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
-    peak = None
-    if device.type == "cuda":
-        from lightning.fabric.utilities.throughput import get_available_flops
-
-        peak = get_available_flops(device, torch.bfloat16)
+    peak = peak_flops() if device.type == "cuda" else None
     summary = {
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "torch": torch.__version__,

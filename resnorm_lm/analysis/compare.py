@@ -48,7 +48,7 @@ from typing import Any
 import torch
 
 from resnorm_lm.analysis.evaluate import PRECISIONS, RUN, eval_precision, evaluate_paths
-from resnorm_lm.analysis.layer_contribution import DEFAULT_TOKENS
+from resnorm_lm.analysis.layer_contribution import DEFAULT_TOKENS, block_means, group_rows
 from resnorm_lm.analysis.sweep import Arm, RunOutcome, RunSpec, Selection, estimate_seconds, expand_grid, grid_settings
 from resnorm_lm.analysis.sweep import select as select_setting
 from resnorm_lm.data.cache import atomic_write, write_csv_atomic
@@ -658,10 +658,11 @@ def contribution_rows(picked: dict[tuple[str, int], list[tuple[RunSpec, Path]]],
             if record is None:
                 missing.append(str(run_dir))
                 continue
-            for layer, (skipped, angle) in enumerate(zip(record["skipped_loss"], record["angular_distance"])):
+            per_block = zip(record["skipped_loss"], record["loss_increase"], record["angular_distance"])
+            for layer, (skipped, increase, angle) in enumerate(per_block):
                 rows.append({"recipe": recipe, "n_layer": n_layer, "seed": spec.seed, "layer": layer,
                              "tokens": record["tokens"], "loss": record["loss"], "loss_skipped": skipped,
-                             "loss_increase": skipped - record["loss"], "angular_distance": angle})  # fmt: skip
+                             "loss_increase": increase, "angular_distance": angle})  # fmt: skip
     return rows, missing
 
 
@@ -684,13 +685,11 @@ def contribution_markdown(rows: list[dict]) -> str:
              "| recipe | blocks | seeds | loss | Δloss first quarter | Δloss last quarter | largest Δloss (block) | "
              "angle first quarter | angle last quarter | blocks under 0.01 nats |",
              "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for (recipe, n_layer), mine in sorted(group(rows, ("recipe", "n_layer")).items()):
+    for (recipe, n_layer), mine in sorted(group_rows(rows, ("recipe", "n_layer")).items()):
         seeds = sorted({r["seed"] for r in mine})
-        layers = sorted({r["layer"] for r in mine})
-        per_layer = {key: [statistics.fmean(r[key] for r in mine if r["layer"] == layer) for layer in layers]
-                     for key in ("loss_increase", "angular_distance")}  # fmt: skip
+        layers, increase = block_means(mine, "loss_increase")
+        _, angle = block_means(mine, "angular_distance")
         q = math.ceil(len(layers) / 4)
-        increase, angle = per_layer["loss_increase"], per_layer["angular_distance"]
         worst = max(range(len(layers)), key=lambda i: increase[i])
         loss = statistics.fmean(r["loss"] for r in mine if r["layer"] == 0)
         near_identity = sum(v < NEAR_IDENTITY_NATS for v in increase)
@@ -700,13 +699,6 @@ def contribution_markdown(rows: list[dict]) -> str:
                  f"{near_identity}/{len(layers)}"]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
-
-
-def group(rows: list[dict], keys: tuple[str, ...]) -> dict[tuple, list[dict]]:
-    out: dict[tuple, list[dict]] = {}
-    for row in rows:
-        out.setdefault(tuple(row[k] for k in keys), []).append(row)
-    return out
 
 
 def write_depth_results(selections: dict[Arm, Selection], runs: dict[RunSpec, Path], table: list[dict],
@@ -851,16 +843,14 @@ def main(argv: list[str] | None = None) -> int:
     grid = grid_rows(selections, unigram, runs)
     out_dir = Path(args.results) / profile
     out_dir.mkdir(parents=True, exist_ok=True)
-    report = markdown_report(
-        table, grid, profile, command_line(args, profile), unigram, hardware_of(list(runs.values())), bool(args.depths)
-    )
+    command, hardware = command_line(args, profile), hardware_of(list(runs.values()))
+    report = markdown_report(table, grid, profile, command, unigram, hardware, bool(args.depths))
     with atomic_write(out_dir / "compare.md", "w") as f:
         f.write(report)
     write_csv_atomic(out_dir / "compare.csv", table)
     write_csv_atomic(out_dir / "grid.csv", grid)
     own_depths = {r: recipe_depth(r, profile) for r in args.recipes}
-    write_tuned_overlays(table, grid, out_dir / "tuned", profile, command_line(args, profile),
-                         hardware_of(list(runs.values())), own_depths)  # fmt: skip
+    write_tuned_overlays(table, grid, out_dir / "tuned", profile, command, hardware, own_depths)
     from resnorm_lm.analysis.plots import plot_grad_norms, plot_loss_curves, plot_lr_sensitivity
 
     depths = bool(args.depths)
@@ -875,7 +865,7 @@ def main(argv: list[str] | None = None) -> int:
         plot_loss_curves(at_chosen, out_dir)
         plot_grad_norms(at_chosen, out_dir)
     if args.depths:
-        written = write_depth_results(selections, runs, table, grid, unigram, out_dir, command_line(args, profile),
+        written = write_depth_results(selections, runs, table, grid, unigram, out_dir, command,
                                       args.contribution_tokens)  # fmt: skip
         print(f"compare: the depth axis: wrote {', '.join(written)}")
     print("\n" + report)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -139,7 +140,7 @@ def validation_slice(datamodule, n_tokens: int) -> tuple[torch.Tensor, torch.Ten
     return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
 
 
-def run_contribution(run_dir: Path, n_tokens: int = DEFAULT_TOKENS, device: str | None = None) -> dict | None:
+def run_contribution(run_dir: Path, n_tokens: int = DEFAULT_TOKENS) -> dict | None:
     """A finished run's measurement at its final weights: from its cache when it was measured at the run's
     last step on the same slice, else from ``checkpoints/last.ckpt`` (cached then); None without either."""
     from resnorm_lm.train.checkpoints import load_run
@@ -153,11 +154,9 @@ def run_contribution(run_dir: Path, n_tokens: int = DEFAULT_TOKENS, device: str 
             return cached
     if not (run_dir / "checkpoints" / "last.ckpt").is_file():
         return None
-    run = load_run(run_dir)  # weights_only: a checkpoint is data
+    run = load_run(run_dir)  # weights_only: a checkpoint is data; its data checked and set up
     dm = run.datamodule
-    dm.prepare_data()
-    dm.setup()
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     model = run.model.model.to(device).eval()
     x, y = validation_slice(dm, n_tokens)
     result = measure(model, x.to(device), y.to(device), dm.eval_batch_size)
@@ -165,3 +164,17 @@ def run_contribution(run_dir: Path, n_tokens: int = DEFAULT_TOKENS, device: str 
               "loss_increase": result.loss_increase}  # fmt: skip
     write_json_atomic(cache, record)
     return record
+
+
+def group_rows(rows: list[dict], keys: tuple[str, ...]) -> dict[tuple, list[dict]]:
+    """``rows`` grouped by the values of ``keys``, in order of first appearance."""
+    out: dict[tuple, list[dict]] = {}
+    for row in rows:
+        out.setdefault(tuple(row[k] for k in keys), []).append(row)
+    return out
+
+
+def block_means(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
+    """The blocks of one (recipe, depth)'s layer_contribution rows, and ``key``'s mean over seeds at each."""
+    layers = sorted({r["layer"] for r in rows})
+    return layers, [statistics.fmean(r[key] for r in rows if r["layer"] == layer) for layer in layers]

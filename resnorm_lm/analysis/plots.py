@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import math
-import statistics
 from pathlib import Path
 
 import matplotlib
@@ -14,6 +13,8 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+from resnorm_lm.analysis.layer_contribution import block_means, group_rows  # noqa: E402
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, float]]:
@@ -330,9 +331,8 @@ def plot_layer_contribution(rows: list[dict], out_dir: Path) -> Path:
     colors = recipe_colors(r["recipe"] for r in rows)
     for (recipe, depth), mine in sorted(group_rows(rows, ("recipe", "n_layer")).items()):
         col = depths.index(depth)
-        layers = sorted({r["layer"] for r in mine})
         for ax, key in ((axes[0][col], "loss_increase"), (axes[1][col], "angular_distance")):
-            means = [statistics.fmean([r[key] for r in mine if r["layer"] == layer]) for layer in layers]
+            layers, means = block_means(mine, key)
             ax.plot(layers, means, marker="o", ms=2, color=colors[recipe], label=recipe)
     for col, depth in enumerate(depths):
         axes[0][col].set(title=f"{depth} blocks: loss increase when skipped", ylabel="nats/token")
@@ -343,10 +343,3 @@ def plot_layer_contribution(rows: list[dict], out_dir: Path) -> Path:
     for ax in flat:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     return save_figure(fig, flat, flat[:1], out_dir / "layer_contribution.png")
-
-
-def group_rows(rows: list[dict], keys: tuple[str, ...]) -> dict[tuple, list[dict]]:
-    out: dict[tuple, list[dict]] = {}
-    for row in rows:
-        out.setdefault(tuple(row[k] for k in keys), []).append(row)
-    return out

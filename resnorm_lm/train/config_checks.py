@@ -80,6 +80,8 @@ def activation_bytes(arch: dict[str, Any], batch_size: int) -> int:
 def available_memory(cuda: bool) -> int | None:
     """Free bytes on the device training will use (None where it cannot be read)."""
     if cuda:
+        if int(os.environ.get("LOCAL_RANK", 0)) > 0:  # rank 0 checked; here it would open a context on GPU 0
+            return None
         return torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else None
     try:  # MemAvailable counts the page cache the kernel would give back
         for line in open("/proc/meminfo"):

@@ -30,10 +30,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import filelock
 import torch
 
-from resnorm_lm.data.cache import default_cache_dir, sha256_json, write_json_atomic
+from resnorm_lm.data.cache import build_lock, default_cache_dir, sha256_json, write_json_atomic
 
 AUTO = "auto"
 # bf16 must beat fp32 on the probe by this factor. The probe times the part of a step that bf16 speeds up most;
@@ -205,9 +204,9 @@ def cpu_bf16_probe(measure: bool = False) -> tuple[Bf16Probe, str]:
     """
     key = machine_key()
     path = probe_cache_path(key)
+    probe = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with filelock.FileLock(f"{path}.lock"):
+        with build_lock(path):
             kept = None if measure else read_kept_probe(path, key)
             if kept is not None:
                 again = "`python -m resnorm_lm.train.precision --measure` measures again"
@@ -215,8 +214,8 @@ def cpu_bf16_probe(measure: bool = False) -> tuple[Bf16Probe, str]:
             probe = measure_cpu_bf16()
             write_json_atomic(path, {"machine": key, "probe": asdict(probe)})
             return probe, f"measured now, kept in {path}"
-    except OSError as err:  # a cache that cannot be written: measure in every run, and say why
-        return measure_cpu_bf16(), f"measured now, not kept: {err}"
+    except OSError as err:  # a cache that cannot be written: measure in every run (once), and say why
+        return probe or measure_cpu_bf16(), f"measured now, not kept: {err}"
 
 
 def choose_auto(cuda: bool, measure: bool = False) -> PrecisionChoice:
