@@ -370,6 +370,9 @@ def test_eager_calls_launch_autotunes_pick_directly_after_the_first(monkeypatch)
     monkeypatch.setattr(k, "_add_norm_fwd_tuned", tuned)
     monkeypatch.setattr(k, "_autotuning", lambda device: True)
     monkeypatch.setattr(k, "_PICKED", {})
+    merged = []  # the pick's launch keywords are merged once, when it is picked, not on every call
+    real_all_kwargs = triton.Config.all_kwargs
+    monkeypatch.setattr(triton.Config, "all_kwargs", lambda c: merged.append(1) or real_all_kwargs(c))
     k._launch.cache_clear()
     try:
         x, d, w, b = torch.randn(10, 96), torch.randn(10, 96), torch.randn(96), torch.randn(96)
@@ -379,5 +382,9 @@ def test_eager_calls_launch_autotunes_pick_directly_after_the_first(monkeypatch)
             torch.testing.assert_close(y, want)
             torch.testing.assert_close(s, x + d)
         assert len(runs) == 1  # the Autotuner ran once; then its pick, directly
+        calls_after_pick = len(merged)
+        k.add_norm_forward(x, d, w, b, 1e-5, False)
+        assert len(merged) == calls_after_pick  # a direct launch merges nothing
+        assert len(k._PICKED) == 1
     finally:
         k._launch.cache_clear()

@@ -214,20 +214,29 @@ def _autotuning(device: torch.device) -> bool:
     return device.type == "cuda" and not INTERPRETING and not torch.are_deterministic_algorithms_enabled()
 
 
-_PICKED: dict[tuple, triton.Config] = {}  # autotune's config per (kernel, width, variant, dtypes), for eager calls
+# autotune's pick per (kernel, width, variant, dtypes), for eager calls: (its meta-parameters, for the grid, and
+# every launch keyword, BLOCK_M, num_warps, num_stages and the rest), built once when it is picked
+_PICKED: dict[tuple, tuple[dict, dict]] = {}
 
 
-def _run(kernel, wrap, grid, key: tuple, *args, **kwargs) -> None:
-    """``wrap(kernel)[grid](*args, **kwargs)``; from eager code (no ``wrap``), an autotuned kernel that has picked
-    its config for ``key`` is launched directly with it: the Autotuner's per-call key building and argument
-    merging cost host time on every call. Compiled graphs get the Autotuner itself (Inductor tunes)."""
-    if wrap is not _identity or not isinstance(kernel, Autotuner):
+def _run(kernel, wrap, grid, key: tuple | None, *args, **kwargs) -> None:
+    """``wrap(kernel)[grid](*args, **kwargs)``; an eager launch of an autotuned kernel (``key`` given) that has
+    picked its config for ``key`` launches the plain kernel directly with it: the Autotuner's per-call key
+    building and argument merging cost host time on every call. Compiled graphs get the Autotuner itself
+    (Inductor tunes), and the heuristic path its fixed config: both pass no key."""
+    if key is None:
         wrap(kernel)[grid](*args, **kwargs)
-    elif (config := _PICKED.get(key)) is not None:
-        kernel.fn[grid(config.kwargs) if callable(grid) else grid](*args, **kwargs, **config.all_kwargs())
+    elif (picked := _PICKED.get(key)) is not None:
+        meta, launch = picked
+        kernel.fn[grid(meta) if callable(grid) else grid](*args, **kwargs, **launch)
     else:
         kernel[grid](*args, **kwargs)
-        _PICKED[key] = kernel.best_config
+        _PICKED[key] = (kernel.best_config.kwargs, kernel.best_config.all_kwargs())
+
+
+def _eager_tuned(kernel, wrap) -> bool:
+    """Whether a launch takes ``_run``'s direct path, so that its key is built only then."""
+    return wrap is _identity and isinstance(kernel, Autotuner)
 
 
 # ---------------------------------------------------------------------- launchers
@@ -258,7 +267,10 @@ def add_norm_forward(x, d, weight, bias, eps: float, is_rms: bool, residual_dtyp
                                              _autotuning(x.device))  # fmt: skip
     if m > 0:
         grid = (triton.cdiv(m, block_m),) if block_m else lambda meta: (triton.cdiv(m, meta["BLOCK_M"]),)
-        key = (False, n, is_rms, has_d, bias is not None, store_s, x.dtype, d.dtype, s.dtype, weight.dtype)
+        key = (
+            (False, n, is_rms, has_d, bias is not None, store_s, x.dtype, d.dtype, s.dtype, weight.dtype)
+            if _eager_tuned(kernel, wrap) else None
+        )  # fmt: skip
         _run(
             kernel, wrap, grid, key,
             x, d, s, y, weight, weight if bias is None else bias, rstd if mean is None else mean, rstd, m, n, eps,
@@ -292,7 +304,10 @@ def add_norm_backward(dy, ds, s, weight, bias, mean, rstd, is_rms: bool, x_dtype
     p = programs(s.device)
     dw_part = s.new_empty(p, n, dtype=torch.float32)  # every program writes its row, even with no tile
     db_part = dw_part if bias is None else s.new_empty(p, n, dtype=torch.float32)
-    key = (True, n, is_rms, has_ds, bias is not None, dy.dtype, ds.dtype, s.dtype, weight.dtype, x_dtype)
+    key = (
+        (True, n, is_rms, has_ds, bias is not None, dy.dtype, ds.dtype, s.dtype, weight.dtype, x_dtype)
+        if _eager_tuned(kernel, wrap) else None
+    )  # fmt: skip
     _run(
         kernel, wrap, (p,), key,
         dy, ds, s, weight, rstd if mean is None else mean, rstd, dx, dw_part, db_part, m, n,
