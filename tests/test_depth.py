@@ -16,7 +16,14 @@ import torch
 import yaml
 
 from resnorm_lm.analysis import compare
-from resnorm_lm.analysis.compare import run_state, run_sweep, sweep_arms
+from resnorm_lm.analysis.compare import (
+    run_state,
+    run_sweep,
+    step_seconds_at,
+    step_seconds_by_blocks,
+    sweep_arms,
+    timing_line,
+)
 from resnorm_lm.analysis.layer_contribution import angular_distance, measure, run_contribution, skipped
 from resnorm_lm.analysis.sweep import Arm, RunSpec, Setting
 from resnorm_lm.model.gpt import GPT, GPTConfig
@@ -188,6 +195,27 @@ def test_a_depth_gets_its_own_lr_grid_from_lrs_at(tmp_path):
     assert sorted(sc.setting.lr for sc in selections[Arm("prenorm-12l", 2)].scores) == LRS
     assert selections[Arm("prenorm-12l", 4)].lr_edge == "lowest"  # the trimmed grid says it was too high
     assert len(runs) == 5
+
+
+def test_the_time_estimate_is_measured_per_depth_and_scaled_from_the_nearest_where_none_ran(tmp_path):
+    def finished(name: str, n_layer: int, wall_s: float, done: bool = True) -> None:
+        run = tmp_path / "prenorm-12l" / name
+        run.mkdir(parents=True)
+        (run / "config.yaml").write_text(yaml.safe_dump({"model": {"arch": {"n_layer": n_layer}}}))
+        (run / "eval.json").write_text(json.dumps({"finished": done, "wall_s": wall_s, "step": 100}))
+
+    finished("cpu-d6-lr0.001-wu200-seed1", 6, 50.0)
+    finished("cpu-d6-lr0.002-wu200-seed1", 6, 70.0)
+    finished("cpu-d24-lr0.001-wu200-seed1", 24, 200.0)
+    finished("cpu-d24-lr0.002-wu200-seed1", 24, 9999.0, done=False)  # unfinished: not timed
+    finished("gpu-d24-lr0.001-wu200-seed1", 24, 9999.0)  # another profile
+    rates = step_seconds_by_blocks(tmp_path, "cpu")
+    assert {n: sorted(r) for n, r in rates.items()} == {6: [0.5, 0.7], 24: [2.0]}
+    assert step_seconds_at(6, rates) == (pytest.approx(0.6), 6)  # the median at its own depth
+    assert step_seconds_at(48, rates) == (pytest.approx(4.0), 24)  # none at 48: 24's, times 48/24
+    assert step_seconds_at(12, rates) == (pytest.approx(1.2), 6)  # equally near 6 and 24: the shallower
+    assert step_seconds_at(12, {}) == (None, None)
+    assert timing_line([6, 48], rates) == "0.60 at 6 blocks, 4.00 at 48 blocks (scaled from 24)"
 
 
 def test_depth_arguments_are_checked(capsys):

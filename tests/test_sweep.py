@@ -148,9 +148,11 @@ def test_unigram_reference_is_the_cross_entropy_of_train_frequencies():
 
 
 def test_cost_estimate():
-    assert estimate_seconds(10, 500, 0.5, jobs=1) == 2500
-    assert estimate_seconds(10, 500, 0.5, jobs=4) == 750  # 3 rounds of 4
-    assert estimate_seconds(3, 500, None, jobs=1) is None and estimate_seconds(0, 500, None, jobs=1) == 0
+    assert estimate_seconds([0.5] * 10, 500, jobs=1) == 2500
+    assert estimate_seconds([0.5] * 10, 500, jobs=4) == 750  # 3 rounds of 4
+    # mixed depths: the slowest first, each round as long as its slowest: (2.0, 2.0) then (0.5, 0.5) then (0.5)
+    assert estimate_seconds([0.5, 2.0, 0.5, 2.0, 0.5], 100, jobs=2) == 100 * (2.0 + 0.5 + 0.5)
+    assert estimate_seconds([0.5, None], 500, jobs=1) is None and estimate_seconds([], 500, jobs=1) == 0
 
 
 def test_untied_embeddings_have_their_own_head():

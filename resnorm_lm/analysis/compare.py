@@ -95,14 +95,39 @@ def has_checkpoint(run_dir: Path) -> bool:
     return (run_dir / "checkpoints" / "last.ckpt").is_file()
 
 
-def seconds_per_step(root: Path, profile: str) -> tuple[float | None, int]:
-    """Median training seconds per step of the finished runs of ``profile`` under ``root`` (and how many)."""
-    rates = []
+def step_seconds_by_blocks(root: Path, profile: str) -> dict[int, list[float]]:
+    """Training seconds per step of the finished runs of ``profile`` under ``root``, by their number of blocks."""
+    import yaml
+
+    rates: dict[int, list[float]] = {}
     for path in root.glob(f"*/{profile}-*/eval.json"):
         summary = json.loads(path.read_text())
-        if summary.get("finished") and summary.get("wall_s") and summary.get("step"):
-            rates.append(summary["wall_s"] / summary["step"])
-    return (statistics.median(rates) if rates else None), len(rates)
+        config = path.parent / "config.yaml"
+        if not (summary.get("finished") and summary.get("wall_s") and summary.get("step") and config.is_file()):
+            continue
+        n_layer = ((yaml.safe_load(config.read_text()).get("model") or {}).get("arch") or {}).get("n_layer")
+        if n_layer:
+            rates.setdefault(int(n_layer), []).append(summary["wall_s"] / summary["step"])
+    return rates
+
+
+def step_seconds_at(n_layer: int, rates: dict[int, list[float]]) -> tuple[float | None, int | None]:
+    """The median seconds per step of the timed runs of ``n_layer`` blocks, and that depth. Without any, those
+    of the nearest depth timed, scaled in proportion to the blocks (which overstates the change: the embedding
+    and head stay the same); (None, None) when no run has been timed."""
+    if not rates:
+        return None, None
+    nearest = min(rates, key=lambda n: (abs(n - n_layer), n))
+    return statistics.median(rates[nearest]) * n_layer / nearest, nearest
+
+
+def timing_line(blocks: list[int], rates: dict[int, list[float]]) -> str:
+    """'0.52 at 6 blocks, 3.48 at 48 blocks (scaled from 24)': the seconds per step an estimate used."""
+    parts = []
+    for n in blocks:
+        seconds, timed = step_seconds_at(n, rates)
+        parts.append(f"{seconds:.2f} at {n} blocks" + ("" if timed == n else f" (scaled from {timed})"))
+    return ", ".join(parts)
 
 
 # ---------------------------------------------------------------------- training
@@ -123,12 +148,13 @@ class SweepTrainer:
         """Print how many runs there are to train and an estimate of the time; return those to train."""
         states = {spec: run_state(spec.run_dir(self.root, self.profile)) for spec in specs}
         todo = [s for s in specs if states[s] != "finished"]
-        per_step, n_timed = seconds_per_step(Path(self.root), self.profile)
+        rates = step_seconds_by_blocks(Path(self.root), self.profile)
+        blocks = [spec.depth or recipe_depth(spec.recipe, self.profile) for spec in todo]
         max_steps = profile_max_steps(self.profile)
-        eta = estimate_seconds(len(todo), max_steps, per_step, self.jobs)
+        eta = estimate_seconds([step_seconds_at(n, rates)[0] for n in blocks], max_steps, self.jobs)
         when = (
-            f"about {eta / 60:.0f} min ({per_step:.2f} s/step measured over {n_timed} finished runs of this profile, "
-            f"{max_steps} steps a run, {self.jobs} at a time)"
+            f"about {eta / 60:.0f} min (s/step measured over {sum(map(len, rates.values()))} finished runs of this "
+            f"profile: {timing_line(sorted(set(blocks)), rates)}; {max_steps} steps a run, {self.jobs} at a time)"
             if eta
             else "time unknown until a run of this profile has finished"
         )

@@ -189,8 +189,10 @@ def select(recipe: str, outcomes: list[RunOutcome], depth: int | None = None, n_
     return Selection(recipe, chosen, runner_up, scores, edge, depth, n_layer)
 
 
-def estimate_seconds(n_runs: int, max_steps: int, seconds_per_step: float | None, jobs: int) -> float | None:
-    """Wall time of training ``n_runs`` runs of ``max_steps`` steps, ``jobs`` at a time."""
-    if seconds_per_step is None or n_runs == 0:
-        return None if n_runs else 0.0
-    return math.ceil(n_runs / max(jobs, 1)) * max_steps * seconds_per_step
+def estimate_seconds(step_seconds: list[float | None], max_steps: int, jobs: int) -> float | None:
+    """Wall time of training one run of ``max_steps`` steps at each of ``step_seconds`` (seconds per step),
+    ``jobs`` at a time: the slowest first, each round of ``jobs`` as long as its slowest run."""
+    if any(s is None for s in step_seconds):
+        return None
+    ordered = sorted(step_seconds, reverse=True)
+    return max_steps * sum(ordered[:: max(jobs, 1)])
