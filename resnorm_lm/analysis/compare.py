@@ -95,17 +95,22 @@ def has_checkpoint(run_dir: Path) -> bool:
     return (run_dir / "checkpoints" / "last.ckpt").is_file()
 
 
-def step_seconds_by_blocks(root: Path, profile: str) -> dict[int, list[float]]:
-    """Training seconds per step of the finished runs of ``profile`` under ``root``, by their number of blocks."""
+def run_config(run_dir: Path) -> dict[str, Any]:
+    """The configuration a run trained with (its ``config.yaml``, as LightningCLI saved it)."""
     import yaml
 
+    return yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+
+
+def step_seconds_by_blocks(root: Path, profile: str) -> dict[int, list[float]]:
+    """Training seconds per step of the finished runs of ``profile`` under ``root``, by their number of blocks."""
     rates: dict[int, list[float]] = {}
     for path in root.glob(f"*/{profile}-*/eval.json"):
         summary = json.loads(path.read_text())
-        config = path.parent / "config.yaml"
-        if not (summary.get("finished") and summary.get("wall_s") and summary.get("step") and config.is_file()):
+        timed = summary.get("finished") and summary.get("wall_s") and summary.get("step")
+        if not (timed and (path.parent / "config.yaml").is_file()):
             continue
-        n_layer = ((yaml.safe_load(config.read_text()).get("model") or {}).get("arch") or {}).get("n_layer")
+        n_layer = ((run_config(path.parent).get("model") or {}).get("arch") or {}).get("n_layer")
         if n_layer:
             rates.setdefault(int(n_layer), []).append(summary["wall_s"] / summary["step"])
     return rates
@@ -149,7 +154,8 @@ class SweepTrainer:
         states = {spec: run_state(spec.run_dir(self.root, self.profile)) for spec in specs}
         todo = [s for s in specs if states[s] != "finished"]
         rates = step_seconds_by_blocks(Path(self.root), self.profile)
-        blocks = [spec.depth or recipe_depth(spec.recipe, self.profile) for spec in todo]
+        own = {recipe: recipe_depth(recipe, self.profile) for recipe in {spec.recipe for spec in todo}}
+        blocks = [spec.depth or own[spec.recipe] for spec in todo]
         max_steps = profile_max_steps(self.profile)
         eta = estimate_seconds([step_seconds_at(n, rates)[0] for n in blocks], max_steps, self.jobs)
         when = (
@@ -326,12 +332,10 @@ def outcome(spec: RunSpec, run_dir: Path, precision: str = RUN) -> RunOutcome:
 
 def unigram_reference(run_dir: Path) -> float:
     """The unigram cross-entropy of the data the run trained on (its settings from the run's config.yaml)."""
-    import yaml
-
     from resnorm_lm.data.datamodule import TextDataModule
     from resnorm_lm.data.unigram import unigram_cross_entropy
 
-    data = yaml.safe_load((run_dir / "config.yaml").read_text())["data"]
+    data = run_config(run_dir)["data"]
     dm = TextDataModule(**data)
     dm.setup()
     return unigram_cross_entropy(dm.prepared)
