@@ -124,9 +124,7 @@ def slice_loss(model: GPT, x: torch.Tensor, y: torch.Tensor, batch_size: int,
         xb, yb = x[start : start + batch_size], y[start : start + batch_size]  # (B, T) each
         if valid is not None:
             valid[:] = [yb != IGNORE_INDEX]
-        logits, _ = model(xb)  # (B, T, V)
-        total += F.cross_entropy(logits.float().flatten(0, 1), yb.flatten(), ignore_index=IGNORE_INDEX,
-                                 reduction="sum").double()  # fmt: skip
+        total += model(xb, yb, reduction="sum")[1].double()  # targets equal to IGNORE_INDEX count for nothing
     tokens = int((y != IGNORE_INDEX).sum())
     return total.item() / max(tokens, 1), tokens
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from functools import partial
@@ -9,7 +10,9 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from resnorm_lm.model.loss import linear_cross_entropy
 from resnorm_lm.model.norms import build_norm, check_norm_choice
 from resnorm_lm.model.placements import PLACEMENTS, BlockContext, Stream
 
@@ -60,8 +63,23 @@ def _divisor_near(n: int, k: int) -> int:
     return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: abs(d - k))
 
 
+# The SDPA backend for CPU inputs of each dtype; a dtype not here gets SDPA's own choice. Set once per process by
+# whoever measured which is fastest on this CPU (resnorm_lm/train/cpu_attention.py): torch's CPU flash kernel
+# is the faster in fp32 but several times slower than the math backend in bf16 (docs/benchmarks.md).
+CPU_SDPA_BACKENDS: dict[torch.dtype, SDPBackend] = {}
+
+
+def use_cpu_sdpa_backend(dtype: torch.dtype, backend: SDPBackend | None) -> None:
+    """Run attention on CPU tensors of ``dtype`` with ``backend`` (None: SDPA's own choice), in this process."""
+    if backend is None:
+        CPU_SDPA_BACKENDS.pop(dtype, None)
+    else:
+        CPU_SDPA_BACKENDS[dtype] = backend
+
+
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention through ``F.scaled_dot_product_attention``."""
+    """Multi-head causal self-attention through ``F.scaled_dot_product_attention`` (on CPU with the backend
+    chosen for the dtype in ``CPU_SDPA_BACKENDS``)."""
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
@@ -81,7 +99,9 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.c_attn(x).split(C, dim=2)  # 3 x (B, T, C)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
         dropout = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)  # (B, nh, T, hs)
+        backend = CPU_SDPA_BACKENDS.get(q.dtype) if q.device.type == "cpu" else None
+        with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -144,9 +164,11 @@ class GPT(nn.Module):
             block.placement.init_sublayers(block.attn, block.mlp)
 
     def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """idx, targets: (B, T) token ids. Returns logits (B, T, V) and the mean cross-entropy."""
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, reduction: str = "mean"
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """idx, targets: (B, T) token ids. Without targets: logits (B, T, V) and None. With targets: None and the
+        cross-entropy (``reduction`` mean or sum over targets other than -100), computed chunk by chunk
+        without the logits (resnorm_lm/model/loss.py)."""
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
@@ -155,11 +177,10 @@ class GPT(nn.Module):
         stream = self.placement_cls.embed(x)
         for block in self.blocks:
             stream = block(stream)
-        logits = self.lm_head(self.readout(stream))  # (B, T, V)
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
-        return logits, loss
+        h = self.readout(stream)  # (B, T, C)
+        if targets is None:
+            return self.lm_head(h), None  # (B, T, V)
+        return None, linear_cross_entropy(h.flatten(0, 1), self.lm_head.weight, targets.flatten(), reduction)
 
     def num_parameters(self, non_embedding: bool = True) -> int:
         """Parameters counted once (the tied head is not counted twice); without position embeddings by default."""

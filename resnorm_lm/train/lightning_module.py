@@ -10,17 +10,15 @@ from dataclasses import asdict
 import lightning as L
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torchmetrics import Metric
 
 from resnorm_lm.model.gpt import GPT, GPTConfig
+from resnorm_lm.model.loss import IGNORE_INDEX
 from resnorm_lm.train.device_verdicts import DeviceVerdicts, ReadVerdicts
 from resnorm_lm.train.diagnostics import grad_norms
 from resnorm_lm.train.faults import DivergenceConfig, DivergenceGuard, LossWindow
 from resnorm_lm.train.optim import OptimConfig, build_optimizer
 from resnorm_lm.train.resume import arch_differences
-
-IGNORE_INDEX = -100  # padded targets of the last evaluation window
 
 
 class SplitMetric(Metric):
@@ -227,8 +225,7 @@ class LanguageModel(L.LightningModule):
 
     def _eval_step(self, batch: tuple[torch.Tensor, torch.Tensor], prefix: str, metrics: SplitMetrics) -> None:
         x, y = batch  # (B, T) each; padded targets are IGNORE_INDEX
-        logits = self(x)  # (B, T, V)
-        nll = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+        _, nll = self.model(x, y, reduction="sum")  # the summed NLL, without the (B, T, V) logits
         n_targets = (y != IGNORE_INDEX).sum()
         for quantity in metrics.available():
             metrics[quantity].update(nll, n_targets)
