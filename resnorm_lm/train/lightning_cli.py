@@ -19,6 +19,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_only
 
 from resnorm_lm.data.datamodule import TextDataModule
+from resnorm_lm.train.cpu_attention import use_for_run
 from resnorm_lm.train.checkpoints import data_differences
 from resnorm_lm.train.config_checks import check_hardware, check_memory, check_trainer_numbers
 from resnorm_lm.train.faults import (
@@ -85,6 +86,7 @@ class ResnormCLI(LightningCLI):
         if self.subcommand == "fit":
             cfg.ckpt_path = self._resolve_resume(cfg.ckpt_path)
         self.precision_choice = self._choose_precision(cfg)
+        self.kernel_choices = self._choose_kernels(cfg)
 
     def _choose_precision(self, cfg) -> PrecisionChoice:
         """Resolve ``auto`` once, say what was chosen and why, and pin it for relaunched DDP ranks."""
@@ -98,6 +100,22 @@ class ResnormCLI(LightningCLI):
         if self.pin_in_argv:  # Lightning's DDP launcher re-runs sys.argv: every rank uses this precision
             sys.argv.append(f"--trainer.precision={choice.precision}")
         return choice
+
+    def _choose_kernels(self, cfg) -> dict[str, str]:
+        """Say whether the model is compiled and, on a CPU, set and say which attention kernel runs (measured)."""
+        compiled = "on" if cfg.model.compile else "off"
+        choices = {"compile": f"torch.compile {compiled} (model.compile, set by the {self.run_config.profile} "
+                              f"profile; `make bench` measures its saving per step against its compile time)"}  # fmt: skip
+        if not uses_cuda(cfg.trainer.accelerator):
+            arch = cfg.model.arch
+            line = use_for_run(cfg.trainer.precision, cfg.data.batch_size, arch.n_head, cfg.data.block_size,
+                               arch.n_embd)  # fmt: skip
+            if line is not None:
+                choices["attention"] = line
+        if rank_zero_only.rank == 0:
+            for line in choices.values():
+                print(f"resnorm-lm: {line}", file=sys.stderr, flush=True)
+        return choices
 
     def after_instantiate_classes(self) -> None:
         if self.subcommand == "fit":  # the config built: only now touch the disk
@@ -185,7 +203,8 @@ class ResnormCLI(LightningCLI):
         ]
         if self.subcommand == "fit":
             seed = self._get(self.config, "seed_everything")
-            callbacks.append(RunManifest(self.run_dir, run, seed, self.precision_choice, self.resume_step))
+            callbacks.append(RunManifest(self.run_dir, run, seed, self.precision_choice, self.resume_step,
+                                         self.kernel_choices))  # fmt: skip
             preempt = PreemptOnSigterm(ckpt_dir / "last.ckpt", on_preempted=lambda: self._finish(preempted=True))
             callbacks += [preempt, FinalCheckpoint(ckpt_dir / "last.ckpt", run.checkpoint_every)]
             if run.stop_after_steps is not None:

@@ -188,34 +188,39 @@ def probe_cache_path(key: dict) -> Path:
     return default_cache_dir() / "precision" / f"cpu-bf16-{sha256_json(key)[:16]}.json"
 
 
-def read_kept_probe(path: Path, key: dict) -> Bf16Probe | None:
-    """The probe kept at ``path`` for this machine; None when absent, unreadable or for another machine."""
+def read_kept(path: Path, key: dict, load):
+    """The measurement kept at ``path`` for this machine; None when absent, unreadable or for another machine."""
     try:
         data = json.loads(path.read_text())
-        return Bf16Probe(**data["probe"]) if data["machine"] == key else None
+        return load(data["probe"]) if data["machine"] == key else None
     except (OSError, ValueError, KeyError, TypeError):  # absent, torn by hand or foreign: measure again
         return None
 
 
 def cpu_bf16_probe(measure: bool = False) -> tuple[Bf16Probe, str]:
-    """This machine's probe and where it came from: kept in the cache, or measured now (always when ``measure``).
+    """This machine's probe and where it came from: kept in the cache, or measured now (always when ``measure``)."""
+    key = machine_key()
+    return kept_per_machine(probe_cache_path(key), key, lambda: measure_cpu_bf16(), lambda d: Bf16Probe(**d),
+                            "python -m resnorm_lm.train.precision --measure", measure)  # fmt: skip
+
+
+def kept_per_machine(path: Path, key: dict, measure_now, load, again: str, measure: bool = False):
+    """A measurement of this machine kept at ``path`` for ``key``, or taken now by ``measure_now()`` (a dataclass)
+    and kept; ``load`` rebuilds it from its dict. Returns it and a phrase saying where it came from.
 
     A lock makes concurrent first runs (DDP ranks, parallel sweeps) measure once and share the result.
     """
-    key = machine_key()
-    path = probe_cache_path(key)
-    probe = None
+    result = None
     try:
         with build_lock(path):
-            kept = None if measure else read_kept_probe(path, key)
+            kept = None if measure else read_kept(path, key, load)
             if kept is not None:
-                again = "`python -m resnorm_lm.train.precision --measure` measures again"
-                return kept, f"measured {kept.measured}, read from {path}; {again}"
-            probe = measure_cpu_bf16()
-            write_json_atomic(path, {"machine": key, "probe": asdict(probe)})
-            return probe, f"measured now, kept in {path}"
+                return kept, f"measured {kept.measured}, read from {path}; `{again}` measures again"
+            result = measure_now()
+            write_json_atomic(path, {"machine": key, "probe": asdict(result)})
+            return result, f"measured now, kept in {path}"
     except OSError as err:  # a cache that cannot be written: measure in every run (once), and say why
-        return probe or measure_cpu_bf16(), f"measured now, not kept: {err}"
+        return result or measure_now(), f"measured now, not kept: {err}"
 
 
 def choose_auto(cuda: bool, measure: bool = False) -> PrecisionChoice:

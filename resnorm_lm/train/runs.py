@@ -91,9 +91,10 @@ class RunManifest(L.Callback):
     """Writes ``manifest.json`` at the start of fitting: code, versions, hardware, data, seed, profile."""
 
     def __init__(self, run_dir: Path, run: RunConfig, seed: int | None, precision: PrecisionChoice | None = None,
-                 resumed_from_step: int | None = None) -> None:  # fmt: skip
+                 resumed_from_step: int | None = None, kernels: dict[str, str] | None = None) -> None:  # fmt: skip
         self.run_dir, self.run, self.seed, self.precision = run_dir, run, seed, precision
         self.resumed_from_step = resumed_from_step
+        self.kernels = kernels or {}  # what runs the step and why: compile, the CPU attention kernel
 
     @rank_zero_only
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -118,6 +119,7 @@ class RunManifest(L.Callback):
             "hardware": hardware(),
             "precision": str(trainer.precision),
             "precision_reason": self.precision.reason if self.precision else None,
+            "kernels": self.kernels,
             "world_size": trainer.world_size,
         }
         path = self.run_dir / "manifest.json"
