@@ -19,9 +19,9 @@ from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_only
 
 from resnorm_lm.data.datamodule import TextDataModule
-from resnorm_lm.train.cpu_attention import use_for_run
 from resnorm_lm.train.checkpoints import data_differences
 from resnorm_lm.train.config_checks import check_hardware, check_memory, check_trainer_numbers
+from resnorm_lm.train.cpu_attention import use_for_run
 from resnorm_lm.train.faults import (
     AtomicCheckpointIO,
     FinalCheckpoint,
@@ -104,8 +104,9 @@ class ResnormCLI(LightningCLI):
     def _choose_kernels(self, cfg) -> dict[str, str]:
         """Say whether the model is compiled and, on a CPU, set and say which attention kernel runs (measured)."""
         compiled = "on" if cfg.model.compile else "off"
-        choices = {"compile": f"torch.compile {compiled} (model.compile, set by the {self.run_config.profile} "
-                              f"profile; `make bench` measures its saving per step against its compile time)"}  # fmt: skip
+        profile = self.run_config.profile
+        choices = {"compile": f"torch.compile {compiled} (model.compile, set by the {profile} profile; "
+                              "`make bench` measures its saving per step against its compile time)"}  # fmt: skip
         if not uses_cuda(cfg.trainer.accelerator):
             arch = cfg.model.arch
             line = use_for_run(cfg.trainer.precision, cfg.data.batch_size, arch.n_head, cfg.data.block_size,
