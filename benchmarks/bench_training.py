@@ -133,6 +133,7 @@ def bare_child(profile: str, compile_: bool, steps: int, warmup: int, out: str) 
 
     from resnorm_lm.data.datamodule import TextDataModule
     from resnorm_lm.model.gpt import GPT, GPTConfig
+    from resnorm_lm.train.cpu_attention import use_for_run
     from resnorm_lm.train.optim import OptimConfig, build_optimizer
     from resnorm_lm.train.precision import choose_auto, set_matmul_precision_for
 
@@ -140,6 +141,9 @@ def bare_child(profile: str, compile_: bool, steps: int, warmup: int, out: str) 
     device = torch.device("cuda" if profile == "gpu" else "cpu")
     set_matmul_precision_for(device.type == "cuda")
     autocast = choose_auto(device.type == "cuda").precision == "bf16-mixed"  # what `precision: auto` picks in fit
+    if device.type == "cpu":  # the attention kernel fit measures and uses for this dtype
+        use_for_run("bf16-mixed" if autocast else "32-true", data_cfg["batch_size"], arch["n_head"],
+                    data_cfg["block_size"], arch["n_embd"])  # fmt: skip
     torch.manual_seed(config["seed_everything"])
     dm = TextDataModule(**data_cfg)
     dm.prepare_data()
@@ -167,7 +171,7 @@ def bare_child(profile: str, compile_: bool, steps: int, warmup: int, out: str) 
             sync(device)
         ends.append(time.perf_counter())
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    per_token = 6 * model.num_parameters() + 12 * arch["n_layer"] * arch["n_embd"] * data_cfg["block_size"]
+    per_token = model.flops_per_token(data_cfg["block_size"])
     Path(out).write_text(json.dumps({"starts": starts, "ends": ends, "max_rss_mb": usage.ru_maxrss / 1024,
                                      "flops_per_token": per_token,
                                      "precision": "bf16-mixed" if autocast else "32-true"}))  # fmt: skip
@@ -247,10 +251,14 @@ def bench_placements(steps: int, device, placements: list[str], backends: list[s
     import torch
 
     from resnorm_lm.model.gpt import GPT, GPTConfig
+    from resnorm_lm.train.cpu_attention import use_for_run
     from resnorm_lm.train.precision import choose_auto
 
     torch._dynamo.config.recompile_limit = 64
     autocast = choose_auto(device.type == "cuda").precision == "bf16-mixed"  # as `precision: auto` in fit
+    if device.type == "cpu":
+        use_for_run("bf16-mixed" if autocast else "32-true", shape["batch"], shape["heads"], shape["block"],
+                    shape["width"])  # fmt: skip
     out = []
     for placement in placements:
         for backend in backends:
@@ -313,6 +321,14 @@ def bench_eval_and_tokenizer() -> dict:
             if i == 40:
                 break
     return {"tokenize_tokens_per_s": round(tok_rate), "eval_tokens_per_s": round(tokens / (time.perf_counter() - t0))}
+
+
+def anatomy_row(r: dict) -> dict:
+    """One configuration of the step's anatomy as a flat CSV row (ms per step by kind)."""
+    flat = {k: r[k] for k in ("precision", "compile", "before")}
+    flat.update(step_ms=round(r["step_ms"], 1), compile_s=round(r["compile_s"], 1))
+    flat.update({f"ms {kind}": round(ms, 2) for kind, ms in sorted(r["by_kind"].items())})
+    return flat
 
 
 def write_csv(name: str, rows: list[dict]) -> None:
@@ -401,7 +417,8 @@ def main() -> int:
                         "(default: off on cpu, both on gpu)")  # fmt: skip
     parser.add_argument("--placements", nargs="+", default=None, help="placements timed (default: all on cpu, "
                         "prenorm and postnorm on gpu)")  # fmt: skip
-    parser.add_argument("--only", nargs="+", choices=["throughput", "placements", "eval", "norms"], default=None,
+    parser.add_argument("--only", nargs="+", choices=["anatomy", "throughput", "placements", "eval", "norms"],
+                        default=None,
                         help="run only these sections")  # fmt: skip
     parser.add_argument("--child", choices=["lightning", "bare"], help=argparse.SUPPRESS)
     parser.add_argument("--child-compile", type=int, default=0, help=argparse.SUPPRESS)
@@ -421,7 +438,7 @@ def main() -> int:
         return 2
     compile_choice = args.compile or ("both" if profile == "gpu" else "off")
     compiles = {"off": [False], "on": [True], "both": [False, True]}[compile_choice]
-    sections = args.only or ["throughput", "placements", "eval", "norms"]
+    sections = args.only or ["anatomy", "throughput", "placements", "eval", "norms"]
     bp = BENCH_PROFILES[profile]
     warmup, steps = bp["quick"] if args.quick else (bp["warmup"], bp["steps"])
     rounds = 1 if args.quick or profile == "gpu" else 2
@@ -429,6 +446,14 @@ def main() -> int:
     print(f"machine: {machine()}")
     print(f"command: {' '.join([Path(sys.argv[0]).name, *sys.argv[1:]])}\n")
     written = []
+
+    if "anatomy" in sections and profile == "cpu":
+        from benchmarks.step_anatomy import run as step_anatomy
+
+        anatomy = step_anatomy(quick=args.quick)
+        write_csv("step_anatomy_cpu.csv", [anatomy_row(r) for r in anatomy])
+        written.append("step_anatomy_cpu.csv")
+        print()
 
     if "throughput" in sections:
         rows = bench_throughput(profile, compiles, rounds, steps, warmup)

@@ -125,7 +125,7 @@ def main() -> int:
         shares[kind_of(e.name)] = shares.get(kind_of(e.name), 0.0) + e.device_time / 1e3 / args.steps  # ms
     gpu_ms = sum(shares.values())
     tokens = args.batch * cfg.block_size
-    per_token = 6 * model.num_parameters() + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
+    per_token = model.flops_per_token()
     peak = peak_flops() if device.type == "cuda" else None
     summary = {
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",

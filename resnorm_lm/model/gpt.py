@@ -182,6 +182,11 @@ class GPT(nn.Module):
             return self.lm_head(h), None  # (B, T, V)
         return None, linear_cross_entropy(h.flatten(0, 1), self.lm_head.weight, targets.flatten(), reduction)
 
+    def flops_per_token(self, context: int | None = None) -> int:
+        """Training FLOPs per token at ``context`` (default block_size): 6N + 12 L C T (PaLM, appendix B)."""
+        cfg = self.config
+        return 6 * self.num_parameters() + 12 * cfg.n_layer * cfg.n_embd * (context or cfg.block_size)
+
     def num_parameters(self, non_embedding: bool = True) -> int:
         """Parameters counted once (the tied head is not counted twice); without position embeddings by default."""
         n = sum(p.numel() for p in self.parameters())

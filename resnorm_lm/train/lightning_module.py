@@ -217,9 +217,7 @@ class LanguageModel(L.LightningModule):
         batch = getattr(self.trainer.datamodule, "batch_size", None) if self._trainer else None
         if batch is None:
             return None
-        a = self.arch
-        per_token = 6 * self.model.num_parameters() + 12 * a.n_layer * a.n_embd * a.block_size
-        return per_token * batch * a.block_size
+        return self.model.flops_per_token() * batch * self.arch.block_size
 
     # ------------------------------------------------------------------ evaluation
 
