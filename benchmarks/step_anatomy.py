@@ -5,8 +5,9 @@
 
 The step is fit's on one CPU: prenorm-12l at the cpu profile's shape (12 x 128 wide, vocab 8192, batch 16 x
 128), forward under the precision's autocast, backward, clip at 1.0, AdamW, on random tokens, with the CPU
-attention kernel that ``resnorm_lm.train.cpu_attention`` chooses for the dtype. "before #29" is the same step
-as it was before issue 29: the LM head's logits and ``F.cross_entropy``, and SDPA's default kernel.
+attention kernel that ``resnorm_lm.train.cpu_attention`` chooses for the dtype. "plain" is the same step as
+the project ran it until 2026-11-24: the LM head's (N, V) logits and ``F.cross_entropy``, and SDPA's default
+kernel.
 
 Each configuration is timed unprofiled (median of steps after warm-up: its step time), then a few steps run
 under ``torch.profiler``, and every operator's self CPU time goes to the first kind (in the order of KINDS)
@@ -58,12 +59,12 @@ def kind_of(event) -> str:
 
 
 def plain_cross_entropy(h, weight, targets, reduction="mean"):
-    """The head and loss as before #29: the (N, V) logits, then ``F.cross_entropy``."""
+    """The head and loss written plainly: the (N, V) logits, then ``F.cross_entropy``."""
     return F.cross_entropy(F.linear(h, weight).float(), targets, ignore_index=-100, reduction=reduction)
 
 
 @contextlib.contextmanager
-def before_issue_29():
+def plain_path():
     """The model's loss through the logits and SDPA's default CPU kernel, for the duration."""
     import resnorm_lm.model.gpt as gpt
 
@@ -89,7 +90,7 @@ def gemm_peak(dtype: torch.dtype, n: int = 2048, repeat: int = 5) -> float:
     return 2 * n**3 / best / 1e9
 
 
-def measure(precision: str, compiled: bool, steps: int, profiled: int, before: bool = False) -> dict:
+def measure(precision: str, compiled: bool, steps: int, profiled: int, plain: bool = False) -> dict:
     """Step time, compile time (first step minus a step) and self CPU ms per step by kind for one configuration."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -117,7 +118,7 @@ def measure(precision: str, compiled: bool, steps: int, profiled: int, before: b
         optimizer.zero_grad(set_to_none=True)
         schedule.step()
 
-    with before_issue_29() if before else contextlib.nullcontext():
+    with plain_path() if plain else contextlib.nullcontext():
         start = time.perf_counter()
         step()
         first = time.perf_counter() - start
@@ -136,14 +137,14 @@ def measure(precision: str, compiled: bool, steps: int, profiled: int, before: b
         kind = kind_of(event)
         by_kind[kind] = by_kind.get(kind, 0.0) + event.self_cpu_time_total / 1e3 / profiled  # ms per step
     step_s = statistics.median(times)
-    return {"precision": precision, "compile": compiled, "before": before, "step_ms": 1e3 * step_s,
+    return {"precision": precision, "compile": compiled, "plain": plain, "step_ms": 1e3 * step_s,
             "compile_s": max(0.0, first - step_s) if compiled else 0.0,
             "flops": model.flops_per_token() * BATCH * SHAPE["block_size"], "by_kind": by_kind}  # fmt: skip
 
 
 def label(r: dict) -> str:
     dtype = "bf16" if r["precision"] == "bf16-mixed" else "fp32"
-    return f"{dtype} {'compiled' if r['compile'] else 'eager'}" + (" before #29" if r["before"] else "")
+    return f"{dtype} {'compiled' if r['compile'] else 'eager'}" + (" plain" if r["plain"] else "")
 
 
 def run(quick: bool = False, max_steps: int = 500) -> list[dict]:
@@ -156,13 +157,13 @@ def run(quick: bool = False, max_steps: int = 500) -> list[dict]:
     if emulated is None:
         configs += [("bf16-mixed", False, True), ("bf16-mixed", False, False)]
     if not quick:
-        configs += [(p, True, False) for p, c, b in configs if not b]
+        configs += [(p, True, False) for p, c, plain in configs if not plain]
     peaks = {"32-true": gemm_peak(torch.float32)}
     if emulated is None:
         peaks["bf16-mixed"] = gemm_peak(torch.bfloat16)
     rows = []
-    for precision, compiled, before in configs:
-        rows.append(measure(precision, compiled, steps, profiled, before))
+    for precision, compiled, plain in configs:
+        rows.append(measure(precision, compiled, steps, profiled, plain))
         print(f"  measured {label(rows[-1])}: {rows[-1]['step_ms']:.0f} ms per step", flush=True)
     print_table(rows, peaks, emulated, max_steps)
     return rows
@@ -188,18 +189,18 @@ def print_table(rows: list[dict], peaks: dict[str, float], emulated: str | None,
         print(f"bf16-mixed not measured: {emulated}")
     for r in rows:
         if r["compile"]:
-            eager = next(e for e in rows if (e["precision"], e["compile"], e["before"]) == (r["precision"], False,
+            eager = next(e for e in rows if (e["precision"], e["compile"], e["plain"]) == (r["precision"], False,
                                                                                                False))  # fmt: skip
             saving = eager["step_ms"] - r["step_ms"]
             pays = saving > 0 and saving * max_steps / 1e3 > r["compile_s"]
             print(f"torch.compile, {label(r)}: {r['compile_s']:.0f} s to compile, {saving:+.0f} ms per step saved: "
                   f"over {max_steps} steps it {'pays' if pays else 'does not pay'}")  # fmt: skip
-    before = next(r for r in rows if r["before"] and r["precision"] == "32-true")
-    fastest = min((r for r in rows if not r["before"]), key=lambda r: r["step_ms"])
-    fp32 = next(r for r in rows if (r["precision"], r["compile"], r["before"]) == ("32-true", False, False))
-    print(f"fp32 eager now against before #29: {before['step_ms'] / fp32['step_ms']:.2f}x as fast")
-    print(f"fastest step ({label(fastest)}) against the fp32 eager step before #29: "
-          f"{before['step_ms'] / fastest['step_ms']:.2f}x as fast (the goal where bf16 is native: 2x)")  # fmt: skip
+    plain = next(r for r in rows if r["plain"] and r["precision"] == "32-true")
+    fastest = min((r for r in rows if not r["plain"]), key=lambda r: r["step_ms"])
+    fp32 = next(r for r in rows if (r["precision"], r["compile"], r["plain"]) == ("32-true", False, False))
+    print(f"fp32 eager against fp32 eager plain: {plain['step_ms'] / fp32['step_ms']:.2f}x as fast")
+    print(f"fastest step ({label(fastest)}) against fp32 eager plain: "
+          f"{plain['step_ms'] / fastest['step_ms']:.2f}x as fast (the goal where bf16 is native: 2x)")  # fmt: skip
 
 
 def main() -> int:

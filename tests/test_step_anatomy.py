@@ -39,7 +39,7 @@ def test_each_operator_goes_to_the_kind_named_by_it_or_around_it(names, kind):
 def test_a_small_step_is_measured_and_its_time_found_in_each_kind(monkeypatch, capsys):
     monkeypatch.setattr(anatomy, "SHAPE", dict(vocab_size=256, block_size=16, n_layer=2, n_head=2, n_embd=32))
     monkeypatch.setattr(anatomy, "BATCH", 2)
-    rows = [anatomy.measure("32-true", False, steps=2, profiled=1, before=before) for before in (True, False)]
+    rows = [anatomy.measure("32-true", False, steps=2, profiled=1, plain=plain) for plain in (True, False)]
     for row in rows:
         assert row["step_ms"] > 0 and row["flops"] > 0
         for kind in ("matmuls", "attention", "cross-entropy and head", "norms", "optimizer and clip"):
@@ -47,4 +47,4 @@ def test_a_small_step_is_measured_and_its_time_found_in_each_kind(monkeypatch, c
     anatomy.print_table(rows, {"32-true": 100.0}, "pretend: no native bf16", max_steps=500)
     out = capsys.readouterr().out
     assert "share of the GEMM peak" in out and "bf16-mixed not measured: pretend" in out
-    assert "fp32 eager now against before #29:" in out
+    assert "fp32 eager against fp32 eager plain:" in out

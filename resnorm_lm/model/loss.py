@@ -2,11 +2,12 @@
 
 ``F.cross_entropy(F.linear(h, W))`` writes the fp32 logits, their log-softmax, a zero-filled gradient of
 the same size and the log-softmax's gradient: four passes over an (N, V) tensor (at the cpu profile 2048 x
-8192, 64 MiB each), which cost a CPU more than the head's matmuls. Here each chunk of rows is projected,
-its log-sum-exp and loss taken, and, when a gradient is needed, the gradient of the chunk's logits (softmax
-minus one-hot) is formed in place and multiplied into the gradients of ``h`` and ``W`` at once, while the
-chunk is still in cache: Liger-Kernel's "fused linear cross entropy" (its ``ops/fused_linear_cross_entropy``),
-in PyTorch ops. The backward only scales the stored gradients by the incoming one.
+8192, 64 MiB each), which on a CPU cost more than the head's matmuls (docs/benchmarks.md). Here each chunk
+of rows is projected, its log-sum-exp and loss taken, and, when a gradient is needed, the gradient of the
+chunk's logits (softmax minus one-hot) is formed in place and multiplied into the gradients of ``h`` and
+``W`` at once, while the chunk is still in cache: the "fused linear cross entropy" of Liger-Kernel
+(``src/liger_kernel/ops/fused_linear_cross_entropy.py``, after mgmalek/efficient_cross_entropy), here in
+PyTorch ops. The backward only scales the stored gradients by the incoming one.
 
 The arithmetic is autocast's: under autocast the matmuls run in its dtype (bf16 logits, as ``F.linear``
 would give), and the softmax, the loss and the gradient of the logits are fp32. The gradient of ``W`` is
@@ -19,7 +20,8 @@ import torch
 import torch.nn.functional as F
 
 IGNORE_INDEX = -100  # a target that counts for nothing: the padding of the last evaluation window
-CHUNK_ELEMENTS = 1 << 20  # logits per chunk: 4 MiB of fp32, about a core's L2 (rows = this // V, at least 1)
+CHUNK_ELEMENTS = 1 << 20  # logits per chunk on a CPU: 4 MiB of fp32, about a core's L2 (rows = this // V, >= 1)
+GPU_CHUNK_ELEMENTS = 1 << 27  # elsewhere 512 MiB of fp32: a few large chunks, not thousands of small launches
 
 
 def linear_cross_entropy(
@@ -37,7 +39,7 @@ def linear_cross_entropy(
         return F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction=reduction)
     device = h.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else torch.result_type(h, weight)
-    rows = max(1, CHUNK_ELEMENTS // weight.shape[0])
+    rows = max(1, (CHUNK_ELEMENTS if device == "cpu" else GPU_CHUNK_ELEMENTS) // weight.shape[0])
     # needs_input_grad says only whether the inputs require grad, also under no_grad (evaluation)
     return LinearCrossEntropy.apply(h, weight, targets, reduction, dtype, rows, torch.is_grad_enabled())
 
