@@ -311,3 +311,53 @@ def test_a_tuned_setting_applies_on_top_of_the_recipe_at_its_profile_only(tmp_pa
     assert cpu[-1] == "--model.optim.lr=5e-4"  # the command line still wins (compare's sweep relies on it)
     gpu = expand_recipe_arguments(["fit", "--recipe", "r-12l", "--profile", "gpu"], root)
     assert not any(str(root / "tuned") in a for a in gpu)
+
+
+def test_a_variant_takes_its_bases_tuned_setting_and_every_run_says_where_its_lr_came_from(tmp_path, capsys):
+    from resnorm_lm.train.recipes import RecipeError, expand_recipe_arguments
+
+    root = tmp_path / "recipes"
+    (root / "profiles").mkdir(parents=True)
+    (root / "tuned" / "cpu").mkdir(parents=True)
+    (root / "profiles" / "cpu.yaml").write_text("trainer: {}\n")
+    (root / "r-12l.yaml").write_text("model: {}\n")
+    (root / "r-12l-rms.yaml").write_text("model: {}\nrun: {base: r-12l}\n")
+    (root / "lonely-12l.yaml").write_text("model: {}\n")
+    (root / "orphan-12l.yaml").write_text("model: {}\nrun: {base: nothing-12l}\n")
+    (root / "tuned" / "cpu" / "r-12l.yaml").write_text("model: {optim: {lr: 1.0e-3, warmup_steps: 200}}\n")
+
+    def run(recipe, *extra):
+        args = expand_recipe_arguments(["fit", "--recipe", recipe, "--profile", "cpu", *extra], root)
+        return [args[i + 1] for i, a in enumerate(args) if a == "--config"], args, capsys.readouterr().err
+
+    configs, args, err = run("r-12l-rms")  # no overlay of its own: its base's
+    assert configs[-1] == str(root / "tuned/cpu/r-12l.yaml")
+    assert "r-12l-rms has no tuned setting at the cpu profile; it takes its base r-12l's: lr 0.001, " \
+           "warmup_steps 200 (recipes/tuned/cpu/r-12l.yaml)" in err  # fmt: skip
+    assert "--run.tuned_overlay=recipes/tuned/cpu/r-12l.yaml" in args
+    (root / "tuned" / "cpu" / "r-12l-rms.yaml").write_text("model: {optim: {lr: 4.0e-3}}\n")
+    configs, args, err = run("r-12l-rms")  # its own, once a sweep wrote it
+    assert configs[-1] == str(root / "tuned/cpu/r-12l-rms.yaml") and "tuned setting of r-12l-rms" in err
+    configs, args, err = run("lonely-12l", "--model.optim.lr=5e-4")  # neither: said, and the override too
+    assert configs == [str(root / "profiles/cpu.yaml"), str(root / "lonely-12l.yaml")]
+    assert "lonely-12l has no tuned setting at the cpu profile: its LR and warmup are the profile's untuned " \
+           "defaults" in err and "the command line sets model.optim.lr" in err  # fmt: skip
+    assert "--run.tuned_overlay=none" in args
+    with pytest.raises(RecipeError, match="unknown recipe 'nothing-12l'"):
+        run("orphan-12l")
+
+
+def test_every_variant_in_the_repository_names_a_base_that_exists_and_a_run_records_it(tmp_path):
+    from resnorm_lm.train.recipes import available_recipes, recipe_base, tuned_setting
+
+    bases = {r: recipe_base(r) for r in available_recipes()}
+    for variant in ("prenorm-12l-rmsnorm", "prenorm-12l-scalenorm", "prenorm-12l-dyt", "prenorm-12l-triton"):
+        assert bases[variant] == "prenorm-12l"
+        assert tuned_setting(variant, "cpu")[0] is not None  # never the profile's untuned 2e-3 in silence
+    assert bases["postnorm-12l-triton"] == "postnorm-12l"
+    corpus = write_corpus(tmp_path / "corpus")
+    args = smoke_args(tmp_path, corpus, f"--run.root={tmp_path / 'runs'}", "--trainer.max_steps=1",
+                      recipe="prenorm-12l-rmsnorm")  # fmt: skip
+    assert run_cli(args) == 0
+    manifest = json.loads((tmp_path / "runs/prenorm-12l-rmsnorm/smoke-seed1/manifest.json").read_text())
+    assert manifest["base_recipe"] == "prenorm-12l" and manifest["tuned_overlay"] == "none"  # smoke: none tuned

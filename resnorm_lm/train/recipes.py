@@ -39,6 +39,47 @@ def tuned_path(recipe: str, profile: str, root: Path = RECIPES_DIR) -> Path | No
     return path if path.is_file() else None
 
 
+def recipe_base(recipe: str, root: Path = RECIPES_DIR) -> str | None:
+    """The recipe that ``recipe`` varies (``run.base`` in its file: a norm or backend variant names the recipe it
+    changes), or None."""
+    import yaml
+
+    run = (yaml.safe_load(recipe_path(recipe, root).read_text()) or {}).get("run") or {}
+    base = run.get("base")
+    if base is not None:
+        recipe_path(base, root)  # an unknown base is an error in the recipe, said with the valid names
+    return base
+
+
+def tuned_setting(recipe: str, profile: str, root: Path = RECIPES_DIR) -> tuple[Path | None, str]:
+    """The tuned overlay a run of ``recipe`` at ``profile`` gets, and a line that says which and from where: the
+    recipe's own, else its base's (the same arithmetic but for what the variant changes), else none (the profile's
+    untuned LR and warmup)."""
+    own = tuned_path(recipe, profile, root)
+    if own is not None:
+        return own, f"tuned setting of {recipe} at the {profile} profile: {overlay_values(own)} ({shown(own, root)})"
+    base = recipe_base(recipe, root)
+    inherited = tuned_path(base, profile, root) if base is not None else None
+    if inherited is not None:
+        return inherited, (f"{recipe} has no tuned setting at the {profile} profile; it takes its base {base}'s: "
+                           f"{overlay_values(inherited)} ({shown(inherited, root)})")  # fmt: skip
+    nor = f" (nor has its base {base})" if base is not None else ""
+    return None, (f"{recipe} has no tuned setting at the {profile} profile{nor}: its LR and warmup are the "
+                  f"profile's untuned defaults; `make compare` tunes them")  # fmt: skip
+
+
+def overlay_values(path: Path) -> str:
+    import yaml
+
+    optim = ((yaml.safe_load(path.read_text()) or {}).get("model") or {}).get("optim") or {}
+    return ", ".join(f"{key} {optim[key]:g}" for key in ("lr", "warmup_steps") if key in optim)
+
+
+def shown(path: Path, root: Path) -> str:
+    """``path`` as ``recipes/...`` when it lies under the recipes folder."""
+    return f"recipes/{path.relative_to(root)}" if path.is_relative_to(root) else str(path)
+
+
 def tuned_overlay(recipe: str, profile: str, lr: float, warmup: int | None, evidence: list[str]) -> str:
     """The text of ``recipes/tuned/<profile>/<recipe>.yaml`` for a chosen ``lr`` and ``warmup`` (None: the
     recipe's own, as in a no-warmup ablation); ``evidence`` (the command, the hardware, the grid's numbers)
@@ -59,7 +100,8 @@ def recipe_depth(recipe: str, profile: str, root: Path = RECIPES_DIR) -> int:
     from resnorm_lm.model.gpt import GPTConfig
 
     depth = GPTConfig.n_layer
-    for path in (root / "profiles" / f"{profile}.yaml", recipe_path(recipe, root), tuned_path(recipe, profile, root)):
+    tuned, _ = tuned_setting(recipe, profile, root)
+    for path in (root / "profiles" / f"{profile}.yaml", recipe_path(recipe, root), tuned):
         if path is not None:
             arch = ((yaml.safe_load(path.read_text()) or {}).get("model") or {}).get("arch") or {}
             depth = arch.get("n_layer", depth)
@@ -116,8 +158,13 @@ def expand_recipe_arguments(args: list[str], root: Path = RECIPES_DIR) -> list[s
     inserted = ["--config", str(root / "profiles" / f"{profile}.yaml"), f"--run.profile={profile}"]
     if recipe is not None:
         inserted += ["--config", str(recipe_path(recipe, root)), f"--run.recipe={recipe}"]
-        tuned = tuned_path(recipe, profile, root)
+        tuned, line = tuned_setting(recipe, profile, root)
         if tuned is not None:
             inserted += ["--config", str(tuned)]
+        given = [name for name in ("lr", "warmup_steps") if any(a.startswith(f"--model.optim.{name}") for a in args)]
+        if given:
+            line += "; the command line sets " + " and ".join(f"model.optim.{name}" for name in given)
+        print(f"resnorm-lm: {line}", file=sys.stderr)
+        inserted.append(f"--run.tuned_overlay={shown(tuned, root) if tuned is not None else 'none'}")
     at = next((i + 1 for i, a in enumerate(args) if not a.startswith("-")), 0)  # after the subcommand
     return args[:at] + inserted + args[at:]

@@ -35,6 +35,8 @@ class RunConfig:
     dist_timeout_s: int = 120  # collective-op timeout under DDP: a dead rank ends the job, not a hang
     sample_tokens: int = 0  # after training, print a sample of this many tokens (0: none)
     stop_after_steps: int | None = None  # stop at this step with the schedule of max_steps (split a run into jobs)
+    base: str | None = None  # in a variant's recipe: the recipe it varies, whose tuned setting it takes if it has none
+    tuned_overlay: str = ""  # set by --recipe: the tuned overlay applied (recipes/tuned/...), or none
 
     def __post_init__(self) -> None:
         for name, minimum in (("checkpoint_every", 1), ("dist_timeout_s", 1), ("sample_tokens", 0)):
@@ -127,6 +129,8 @@ class RunManifest(L.Callback):
         segments = earlier.get("segments") or ([legacy_segment(earlier)] if earlier else [])
         write_json_atomic(path, {
             "recipe": self.run.recipe,
+            "base_recipe": self.run.base,
+            "tuned_overlay": self.run.tuned_overlay or None,  # where LR and warmup came from ("none": untuned)
             "profile": self.run.profile,
             "seed": self.seed,
             **segment,
