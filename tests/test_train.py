@@ -361,3 +361,23 @@ def test_every_variant_in_the_repository_names_a_base_that_exists_and_a_run_reco
     assert run_cli(args) == 0
     manifest = json.loads((tmp_path / "runs/prenorm-12l-rmsnorm/smoke-seed1/manifest.json").read_text())
     assert manifest["base_recipe"] == "prenorm-12l" and manifest["tuned_overlay"] == "none"  # smoke: none tuned
+
+
+def test_adamw_is_fused_on_cpu_and_steps_as_the_loop_over_tensors_does():
+    """The fused kernel (the default on CPU as on CUDA) against torch's loop over tensors, over a few steps."""
+    from resnorm_lm.train.optim import build_optimizer
+
+    torch.manual_seed(0)
+    models = [GPT(GPTConfig(vocab_size=64, block_size=8, n_layer=2, n_head=2, n_embd=16)) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    fused, _ = build_optimizer(models[0], OptimConfig(lr=1e-2), 10)
+    loop, _ = build_optimizer(models[1], OptimConfig(lr=1e-2), 10, fused=False)
+    assert fused.defaults["fused"] and not loop.defaults["fused"]
+    idx = torch.randint(0, 64, (4, 8))
+    for _ in range(3):
+        for model, optimizer in ((models[0], fused), (models[1], loop)):
+            model(idx, idx)[1].backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    for a, b in zip(models[0].parameters(), models[1].parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -175,9 +175,10 @@ class LanguageModel(L.LightningModule):
     def configure_optimizers(self):
         on_cuda = all(p.is_cuda for p in self.model.parameters())
         self.verdicts = DeviceVerdicts(self.guard) if self._verdict_on_device(on_cuda) else None
-        # fused: one kernel per step on CUDA, and the only AdamW that can skip a step on the device; not
-        # under 16-mixed, whose GradScaler must unscale before Lightning clips (a fused step unscales inside)
-        fused = (on_cuda and not self._grad_scaler()) or self.verdicts is not None
+        # fused: one kernel per step where torch has it (build_optimizer's default), and the only AdamW that can
+        # skip a step on the device; not under 16-mixed, whose GradScaler must unscale before Lightning clips (a
+        # fused step unscales inside)
+        fused = True if self.verdicts is not None else (False if self._grad_scaler() else None)
         self.schedule_steps = self.schedule_steps or self.trainer.max_steps  # set from the checkpoint on resume
         optimizer, schedule = build_optimizer(self.model, self.optim, self.schedule_steps, fused=fused)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
