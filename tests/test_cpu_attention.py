@@ -14,7 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import resnorm_lm.model.loss as loss_module
 import resnorm_lm.train.cpu_attention as cpu_attention
-from resnorm_lm.model.gpt import CPU_SDPA_BACKENDS, GPT, GPTConfig, use_cpu_sdpa_backend
+from resnorm_lm.model.gpt import CPU_SDPA_BACKENDS, GPT, CausalSelfAttention, GPTConfig, use_cpu_sdpa_backend
 from tests.train_helpers import run_cli, smoke_args, write_corpus
 
 
@@ -54,16 +54,31 @@ def test_each_backend_is_exact_to_its_dtypes_rounding(dtype, backend):
         assert (g - e).abs().max().item() <= 16 * eps * e.abs().max().item()
 
 
-def test_the_model_runs_attention_with_the_backend_chosen_for_the_dtype():
+def test_the_model_runs_attention_with_the_backend_chosen_for_the_dtype(monkeypatch):
     cfg = GPTConfig(vocab_size=50, block_size=8, n_layer=1, n_head=2, n_embd=16)
     model, idx = GPT(cfg), torch.randint(0, 50, (2, 8))
-    use_cpu_sdpa_backend(torch.float32, SDPBackend.EFFICIENT_ATTENTION)  # not built for CPU: fails if used
-    with pytest.raises(RuntimeError, match="No viable backend"):
-        model(idx)
+    ran = []
+    original = F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        ran.append(torch._C._get_flash_sdp_enabled())  # what the call may use: flash on or off
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    use_cpu_sdpa_backend(torch.float32, SDPBackend.MATH)
+    want = model(idx)[0]
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        model(idx)  # bf16 inputs: no choice made for them, SDPA's own
-    use_cpu_sdpa_backend(torch.float32, None)
+        model(idx)  # bf16 inputs: no choice made for them, SDPA's own (flash enabled)
+    use_cpu_sdpa_backend(torch.float32, SDPBackend.FLASH_ATTENTION)
+    torch.testing.assert_close(model(idx)[0], want)
+    assert ran == [False, True, True]
+    model.train()
+    for m in model.modules():
+        if isinstance(m, CausalSelfAttention):
+            m.dropout = 0.5  # CPU flash cannot run dropout: math takes over instead of an error
     model(idx)
+    compiled = torch.compile(model.eval(), backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(idx)[0], want)
 
 
 def pretend_measure(monkeypatch, flash_ms, math_ms):
@@ -92,6 +107,7 @@ def test_the_faster_backend_is_chosen_kept_per_dtype_and_shape_and_measured_agai
 
 def test_use_for_run_sets_the_backend_for_the_runs_dtype_only(monkeypatch, cache):
     pretend_measure(monkeypatch, flash_ms=15.0, math_ms=5.0)
+    CPU_SDPA_BACKENDS.clear()
     line = cpu_attention.use_for_run("bf16-mixed", 16, 4, 128, 128)
     assert CPU_SDPA_BACKENDS == {torch.bfloat16: SDPBackend.MATH}
     assert line.startswith("attention on CPU in bf16: SDPA's math backend")

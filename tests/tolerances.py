@@ -24,16 +24,20 @@ def relative_error(a: torch.Tensor, b: torch.Tensor, floor: float = 1e-30) -> fl
     return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(floor)).item()
 
 
-def noise_floor(path: torch.Tensor, exact: torch.Tensor, dtype: torch.dtype, floor: float = 1e-30) -> float:
+def noise_floor(path: torch.Tensor, exact: torch.Tensor, dtype: torch.dtype, floor: float = 1e-30,
+                terms: int = 1) -> float:  # fmt: skip
     """The error a reference ``path`` in ``dtype`` makes against ``exact``, and never below the error of
-    rounding the exact answer to ``dtype`` (or one unit roundoff, when even that is zero)."""
+    rounding the exact answer to ``dtype``, nor below sqrt(``terms``) unit roundoffs: the typical error of a sum
+    of ``terms`` numbers, which a path that sums in another order (another CPU's vector width) makes even where
+    the reference path happened to round luckily."""
     rounding = relative_error(exact.to(dtype), exact, floor)
-    return max(relative_error(path, exact, floor), rounding, unit_roundoff(dtype))
+    return max(relative_error(path, exact, floor), rounding, terms**0.5 * unit_roundoff(dtype))
 
 
 def assert_within_noise(got: torch.Tensor, path: torch.Tensor, exact: torch.Tensor, what: str = "",
-                        floor: float = 1e-30, factor: float = FACTOR) -> None:  # fmt: skip
-    """``got`` is within ``factor`` x the reference path's own error of the exact answer."""
+                        floor: float = 1e-30, factor: float = FACTOR, terms: int = 1) -> None:  # fmt: skip
+    """``got`` is within ``factor`` x the reference path's own error of the exact answer (``terms``: how many
+    numbers each entry of it sums)."""
     err = relative_error(got, exact, floor)
-    limit = factor * noise_floor(path, exact, got.dtype, floor)
+    limit = factor * noise_floor(path, exact, got.dtype, floor, terms)
     assert err <= limit, f"{what}: relative error {err:.3g} > {factor:g} x noise floor ({limit / factor:.3g})"

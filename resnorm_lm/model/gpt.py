@@ -70,7 +70,8 @@ CPU_SDPA_BACKENDS: dict[torch.dtype, SDPBackend] = {}
 
 
 def use_cpu_sdpa_backend(dtype: torch.dtype, backend: SDPBackend | None) -> None:
-    """Run attention on CPU tensors of ``dtype`` with ``backend`` (None: SDPA's own choice), in this process."""
+    """Run attention on CPU tensors of ``dtype`` with ``backend`` where it can run, else the math backend (None:
+    SDPA's own choice), in this process."""
     if backend is None:
         CPU_SDPA_BACKENDS.pop(dtype, None)
     else:
@@ -100,7 +101,9 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
         dropout = self.dropout if self.training else 0.0
         backend = CPU_SDPA_BACKENDS.get(q.dtype) if q.device.type == "cpu" else None
-        with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
+        # the chosen backend first, math where it cannot run (CPU flash has no dropout)
+        preferred = sdpa_kernel([backend, SDPBackend.MATH], set_priority=True) if backend is not None else None
+        with preferred or contextlib.nullcontext():
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.resid_dropout(self.c_proj(y))

@@ -107,8 +107,10 @@ class ResnormCLI(LightningCLI):
         profile = self.run_config.profile
         choices = {"compile": f"torch.compile {compiled} (model.compile, set by the {profile} profile; "
                               "`make bench` measures its saving per step against its compile time)"}  # fmt: skip
-        if not uses_cuda(cfg.trainer.accelerator):
-            arch = cfg.model.arch
+        arch, data = cfg.model.arch, cfg.data
+        sizes = (arch.n_head, arch.n_embd, data.batch_size, data.block_size)
+        shape_is_valid = all(isinstance(n, int) and n > 0 for n in sizes) and arch.n_embd % arch.n_head == 0
+        if not uses_cuda(cfg.trainer.accelerator) and shape_is_valid:  # else the model's config error comes next
             line = use_for_run(cfg.trainer.precision, cfg.data.batch_size, arch.n_head, cfg.data.block_size,
                                arch.n_embd)  # fmt: skip
             if line is not None:
