@@ -114,6 +114,12 @@ def test_use_for_run_sets_the_backend_for_the_runs_dtype_only(monkeypatch, cache
     assert cpu_attention.use_for_run("64-true", 16, 4, 128, 128) is None
 
 
+def test_the_probe_shape_is_the_runs_unless_its_scores_would_not_fit():
+    assert cpu_attention.probe_shape(16, 4, 128, 32) == (16, 4, 128, 32)  # the cpu profile: as it runs
+    b, h, t, d = cpu_attention.probe_shape(16, 4, 100_000, 32)  # a context far beyond any profile
+    assert (b, h, d) == (1, 4, 32) and b * h * t * t <= cpu_attention.PROBE_SCORES and t >= 1024
+
+
 def test_the_real_probe_measures_both_backends_and_restores_the_thread_count():
     threads = torch.get_num_threads()
     probe = cpu_attention.measure("fp32", (2, 2, 16, 8), pairs=1)

@@ -32,6 +32,7 @@ BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "math": SDPBackend.MATH}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 PAIRS = 5  # interleaved (flash, math) timings; the median of their ratios decides
 PROBE_VERSION = 1
+PROBE_SCORES = 1 << 24  # at most this many attention scores in the probe (64 MiB of fp32): the cpu profile has 2^20
 
 
 @dataclass(frozen=True)
@@ -100,12 +101,21 @@ def dtype_of(precision: str) -> str | None:
     return "fp32" if precision.startswith("32") else None
 
 
+def probe_shape(batch: int, n_head: int, length: int, head_width: int) -> tuple[int, int, int, int]:
+    """The run's attention shape, shrunk (batch first, then length) until the math backend's score matrix has at
+    most PROBE_SCORES entries: a long context must not make the probe itself run out of memory."""
+    while batch > 1 and batch * n_head * length**2 > PROBE_SCORES:
+        batch //= 2
+    length = min(length, max(1, int((PROBE_SCORES / (batch * n_head)) ** 0.5)))
+    return batch, n_head, length, head_width
+
+
 def use_for_run(precision: str, batch: int, n_head: int, block_size: int, n_embd: int) -> str | None:
     """Measure (or read) and set this process's CPU attention backend for a run; the line that says so."""
     dtype = dtype_of(precision)
     if dtype is None:
         return None
-    probe, source = choose(dtype, (batch, n_head, block_size, n_embd // n_head))
+    probe, source = choose(dtype, probe_shape(batch, n_head, block_size, n_embd // n_head))
     use_cpu_sdpa_backend(DTYPES[dtype], BACKENDS[probe.backend])
     return f"{probe.describe()}; {source}"
 
