@@ -6,14 +6,15 @@
 The step is fit's on one CPU: prenorm-12l at the cpu profile's shape (12 x 128 wide, vocab 8192, batch 16 x
 128), forward under the precision's autocast, backward, clip at 1.0, AdamW, on random tokens, with the CPU
 attention kernel that ``resnorm_lm.train.cpu_attention`` chooses for the dtype. "plain" is the same step as
-the project ran it until 2026-11-24: the LM head's (N, V) logits and ``F.cross_entropy``, and SDPA's default
-kernel.
+the project ran it until 2026-11-24: the LM head's (N, V) logits and ``F.cross_entropy``, SDPA's default
+kernel, and AdamW's Python loop over tensors instead of its fused kernel.
 
 Each configuration is timed unprofiled (median of steps after warm-up: its step time), then a few steps run
 under ``torch.profiler``, and every operator's self CPU time goes to the first kind (in the order of KINDS)
-named by the operator or an operator or autograd node around it. The FLOPs are the model's
-(6N + 12 L C T per token, ``GPT.flops_per_token``); the peak is a 2048^3 matmul of the same dtype, measured
-in the same run at the same thread count. Nothing is asserted: the figures are this machine's.
+named by the operator itself, else by an operator or autograd node around it (so matmuls are matmuls
+wherever they run, and "cross-entropy" is the loss's work besides its matmuls, with either loss). The FLOPs
+are the model's (6N + 12 L C T per token, ``GPT.flops_per_token``); the peak is a 2048^3 matmul of the same
+dtype, measured in the same run at the same thread count. Nothing is asserted: the figures are this machine's.
 """
 
 from __future__ import annotations
@@ -33,11 +34,11 @@ sys.path.insert(0, str(ROOT))
 
 SHAPE = dict(vocab_size=8192, block_size=128, n_layer=12, n_head=4, n_embd=128)  # recipes/profiles/cpu.yaml
 BATCH = 16
-# (kind, name fragments): an operator's self time goes to the first kind whose fragment names it or an enclosing
-# operator, record_function range or autograd node
+# (kind, name fragments): an operator's self time goes to the first kind whose fragment names it, else to the first
+# whose fragment names an enclosing operator, record_function range or autograd node
 KINDS = [
     ("optimizer and clip", ("optimizer.step", "clip_grad", "adamw")),
-    ("cross-entropy and head", ("linear_cross_entropy", "linearcrossentropy", "log_softmax", "nll_loss",
+    ("cross-entropy", ("linear_cross_entropy", "linearcrossentropy", "log_softmax", "nll_loss",
                                 "cross_entropy", "logsoftmax", "nllloss")),
     ("attention", ("scaled_dot_product", "flash_attention", "bmm", "softmax")),
     ("norms", ("layer_norm", "layernorm", "rms_norm", "add_norm")),
@@ -48,13 +49,16 @@ OTHER = "other (GELU, adds, embedding, fills, ...)"
 
 
 def kind_of(event) -> str:
+    """The kind named by the operator itself, else by anything around it: a matmul or a cast is one wherever it
+    runs (the loss's own matmuls count as matmuls, with either loss), the rest belongs to what encloses it."""
     names = []
     while event is not None:
         names.append(event.name.lower())
         event = event.cpu_parent
-    for kind, fragments in KINDS:
-        if any(fragment in name for name in names for fragment in fragments):
-            return kind
+    for candidates in (names[:1], names):
+        for kind, fragments in KINDS:
+            if any(fragment in name for name in candidates for fragment in fragments):
+                return kind
     return OTHER
 
 
@@ -101,7 +105,7 @@ def measure(precision: str, compiled: bool, steps: int, profiled: int, plain: bo
     use_for_run(precision, BATCH, SHAPE["n_head"], SHAPE["block_size"], SHAPE["n_embd"])
     torch.manual_seed(0)
     model = GPT(GPTConfig(**SHAPE))
-    optimizer, schedule = build_optimizer(model, OptimConfig(), 10_000)
+    optimizer, schedule = build_optimizer(model, OptimConfig(), 10_000, fused=False if plain else None)
     if compiled:
         model.compile()
     gen = torch.Generator().manual_seed(0)
