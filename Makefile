@@ -25,7 +25,8 @@ JOBS ?= 1
 
 AVX2_ONLY := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
 NUMERIC_TESTS := tests/test_norms.py tests/test_norm_properties.py tests/test_triton_kernels.py \
-	tests/test_placements.py tests/test_model.py tests/test_gradient_flow.py tests/test_precision.py
+	tests/test_placements.py tests/test_model.py tests/test_gradient_flow.py tests/test_precision.py \
+	tests/test_loss.py tests/test_cpu_attention.py
 
 .PHONY: help install test test-full test-avx2 lint format train data eval compare bench bench-kernels notebooks clean
 

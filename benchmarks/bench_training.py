@@ -327,7 +327,9 @@ def anatomy_row(r: dict) -> dict:
     """One configuration of the step's anatomy as a flat CSV row (ms per step by kind)."""
     flat = {k: r[k] for k in ("precision", "compile", "plain")}
     flat.update(step_ms=round(r["step_ms"], 1), compile_s=round(r["compile_s"], 1))
-    flat.update({f"ms {kind}": round(ms, 2) for kind, ms in sorted(r["by_kind"].items())})
+    from benchmarks.step_anatomy import KINDS, OTHER
+
+    flat.update({f"ms {kind}": round(r["by_kind"].get(kind, 0.0), 2) for kind in [k for k, _ in KINDS] + [OTHER]})
     return flat
 
 

@@ -102,7 +102,7 @@ def measure(precision: str, compiled: bool, steps: int, profiled: int, plain: bo
     from resnorm_lm.train.cpu_attention import use_for_run
     from resnorm_lm.train.optim import OptimConfig, build_optimizer
 
-    use_for_run(precision, BATCH, SHAPE["n_head"], SHAPE["block_size"], SHAPE["n_embd"])
+    attention = use_for_run(precision, BATCH, SHAPE["n_head"], SHAPE["block_size"], SHAPE["n_embd"])
     torch.manual_seed(0)
     model = GPT(GPTConfig(**SHAPE))
     optimizer, schedule = build_optimizer(model, OptimConfig(), 10_000, fused=False if plain else None)
@@ -143,7 +143,8 @@ def measure(precision: str, compiled: bool, steps: int, profiled: int, plain: bo
     step_s = statistics.median(times)
     return {"precision": precision, "compile": compiled, "plain": plain, "step_ms": 1e3 * step_s,
             "compile_s": max(0.0, first - step_s) if compiled else 0.0,
-            "flops": model.flops_per_token() * BATCH * SHAPE["block_size"], "by_kind": by_kind}  # fmt: skip
+            "flops": model.flops_per_token() * BATCH * SHAPE["block_size"], "by_kind": by_kind,
+            "attention": "SDPA's default kernel (the plain path)" if plain else attention}  # fmt: skip
 
 
 def label(r: dict) -> str:
@@ -191,6 +192,9 @@ def print_table(rows: list[dict], peaks: dict[str, float], emulated: str | None,
         f"{'bf16' if p == 'bf16-mixed' else 'fp32'} {g:.0f} GFLOP/s" for p, g in peaks.items()))  # fmt: skip
     if emulated:
         print(f"bf16-mixed not measured: {emulated}")
+    for r in rows:
+        if not r["plain"] and not r["compile"]:
+            print(f"{label(r)}: {r['attention']}")
     for r in rows:
         if r["compile"]:
             eager = next(e for e in rows if (e["precision"], e["compile"], e["plain"]) == (r["precision"], False,

@@ -49,3 +49,4 @@ def test_a_small_step_is_measured_and_its_time_found_in_each_kind(monkeypatch, c
     out = capsys.readouterr().out
     assert "share of the GEMM peak" in out and "bf16-mixed not measured: pretend" in out
     assert "fp32 eager against fp32 eager plain:" in out
+    assert "fp32 eager: attention on CPU in fp32: SDPA's" in out  # the kernel chosen, said
