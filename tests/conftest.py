@@ -26,3 +26,12 @@ def _private_cache(tmp_path_factory):
 def _seed_and_threads():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Dynamo's compiled code of the GPT's methods released afterwards: every compiled test in the process counts
+    against one recompile limit per code object."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()

@@ -54,7 +54,7 @@ def test_each_backend_is_exact_to_its_dtypes_rounding(dtype, backend):
         assert (g - e).abs().max().item() <= 16 * eps * e.abs().max().item()
 
 
-def test_the_model_runs_attention_with_the_backend_chosen_for_the_dtype(monkeypatch):
+def test_the_model_runs_attention_with_the_backend_chosen_for_the_dtype(monkeypatch, fresh_dynamo):
     cfg = GPTConfig(vocab_size=50, block_size=8, n_layer=1, n_head=2, n_embd=16)
     model, idx = GPT(cfg), torch.randint(0, 50, (2, 8))
     ran = []
@@ -65,6 +65,7 @@ def test_the_model_runs_attention_with_the_backend_chosen_for_the_dtype(monkeypa
         return original(*args, **kwargs)
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    CPU_SDPA_BACKENDS.clear()  # runs earlier in this process may have chosen for bf16
     use_cpu_sdpa_backend(torch.float32, SDPBackend.MATH)
     want = model(idx)[0]
     with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -135,7 +135,7 @@ def test_gpt_loss_and_gradients_equal_the_logits_path(tie):
     torch.testing.assert_close(summed, ref * tgt.numel())
 
 
-def test_compiled_model_uses_the_plain_formula_and_agrees():
+def test_compiled_model_uses_the_plain_formula_and_agrees(fresh_dynamo):
     cfg = GPTConfig(vocab_size=101, block_size=16, n_layer=1, n_head=2, n_embd=32)
     torch.manual_seed(0)
     model = GPT(cfg)

@@ -100,7 +100,9 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.c_attn(x).split(C, dim=2)  # 3 x (B, T, C)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
         dropout = self.dropout if self.training else 0.0
-        backend = CPU_SDPA_BACKENDS.get(q.dtype) if q.device.type == "cpu" else None
+        # eager only: a compiled graph keeps Inductor's own choice (and no guard on this process-wide table)
+        eager_cpu = q.device.type == "cpu" and not torch.compiler.is_compiling()
+        backend = CPU_SDPA_BACKENDS.get(q.dtype) if eager_cpu else None
         # the chosen backend first, math where it cannot run (CPU flash has no dropout)
         preferred = sdpa_kernel([backend, SDPBackend.MATH], set_priority=True) if backend is not None else None
         with preferred or contextlib.nullcontext():
