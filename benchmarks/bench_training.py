@@ -325,10 +325,10 @@ def bench_eval_and_tokenizer() -> dict:
 
 def anatomy_row(r: dict) -> dict:
     """One configuration of the step's anatomy as a flat CSV row (ms per step by kind)."""
-    flat = {k: r[k] for k in ("precision", "compile", "plain")}
-    flat.update(step_ms=round(r["step_ms"], 1), compile_s=round(r["compile_s"], 1))
     from benchmarks.step_anatomy import KINDS, OTHER
 
+    flat = {k: r[k] for k in ("precision", "compile", "plain")}
+    flat.update(step_ms=round(r["step_ms"], 1), compile_s=round(r["compile_s"], 1))
     flat.update({f"ms {kind}": round(r["by_kind"].get(kind, 0.0), 2) for kind in [k for k, _ in KINDS] + [OTHER]})
     return flat
 

@@ -26,11 +26,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from resnorm_lm.data.cache import default_cache_dir, sha256_json
 from resnorm_lm.model.gpt import use_cpu_sdpa_backend
-from resnorm_lm.train.precision import kept_per_machine, machine_key
+from resnorm_lm.train.precision import interleaved_thread_times, kept_per_machine, machine_key
 
 BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "math": SDPBackend.MATH}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-PAIRS = 5  # interleaved (flash, math) timings; the median of their ratios decides
+PAIRS = 5  # interleaved (flash, math) timings; the lower median decides
 PROBE_VERSION = 1
 PROBE_SCORES = 1 << 24  # at most this many attention scores in the probe (64 MiB of fp32): the cpu profile has 2^20
 
@@ -71,16 +71,7 @@ def measure(dtype: str, shape: tuple[int, int, int, int], pairs: int = PAIRS) ->
         q.grad = k.grad = v.grad = None
         return time.thread_time() - start
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        once("flash"), once("math")  # warm-up
-        times = {"flash": [], "math": []}
-        for i in range(pairs):
-            for backend in ("flash", "math") if i % 2 == 0 else ("math", "flash"):
-                times[backend].append(once(backend))
-    finally:
-        torch.set_num_threads(threads)
+    times = interleaved_thread_times({name: lambda name=name: once(name) for name in BACKENDS}, pairs)
     return AttentionProbe(dtype=dtype, shape=list(shape), flash_ms=1e3 * statistics.median(times["flash"]),
                           math_ms=1e3 * statistics.median(times["math"]), pairs=pairs,
                           measured=time.strftime("%Y-%m-%d %H:%M"))  # fmt: skip

@@ -111,8 +111,7 @@ class ResnormCLI(LightningCLI):
         sizes = (arch.n_head, arch.n_embd, data.batch_size, data.block_size)
         shape_is_valid = all(isinstance(n, int) and n > 0 for n in sizes) and arch.n_embd % arch.n_head == 0
         if not uses_cuda(cfg.trainer.accelerator) and shape_is_valid:  # else the model's config error comes next
-            line = use_for_run(cfg.trainer.precision, cfg.data.batch_size, arch.n_head, cfg.data.block_size,
-                               arch.n_embd)  # fmt: skip
+            line = use_for_run(cfg.trainer.precision, data.batch_size, arch.n_head, data.block_size, arch.n_embd)
             if line is not None:
                 choices["attention"] = line
         if rank_zero_only.rank == 0:

@@ -157,22 +157,29 @@ def measure_cpu_bf16(pairs: int = PROBE_PAIRS) -> Bf16Probe:
         x.grad = None
         return time.thread_time() - start
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # all the work in this thread, so that its CPU time is the whole cost
-    try:
-        for bf16 in (False, True):  # warm-up: oneDNN primitives, weight packing, first-touch memory
-            step(bf16)
-        fp32, bf16 = [], []
-        for i in range(pairs):
-            first_bf16 = i % 2 == 1
-            a, b = step(first_bf16), step(not first_bf16)
-            bf16.append(a if first_bf16 else b)
-            fp32.append(b if first_bf16 else a)
-    finally:
-        torch.set_num_threads(threads)
+    times = interleaved_thread_times({"fp32": lambda: step(False), "bf16": lambda: step(True)}, pairs)
+    fp32, bf16 = times["fp32"], times["bf16"]
     return Bf16Probe(speedup=statistics.median(f / h for f, h in zip(fp32, bf16)),
                      fp32_ms=1e3 * statistics.median(fp32), bf16_ms=1e3 * statistics.median(bf16), pairs=pairs,
                      measured=time.strftime("%Y-%m-%d %H:%M"))  # fmt: skip
+
+
+def interleaved_thread_times(steps: dict, pairs: int) -> dict[str, list[float]]:
+    """Each of ``steps`` (name -> a call returning its seconds) once to warm up (oneDNN primitives, weight packing,
+    first-touch memory), then ``pairs`` rounds of all of them, the order reversed every other round, all on one
+    thread so that its CPU time is the whole cost. Returns each step's times, round by round."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for step in steps.values():
+            step()
+        times: dict[str, list[float]] = {name: [] for name in steps}
+        for i in range(pairs):
+            for name in list(steps)[:: 1 if i % 2 == 0 else -1]:
+                times[name].append(steps[name]())
+    finally:
+        torch.set_num_threads(threads)
+    return times
 
 
 # ---------------------------------------------------------------- kept per machine in $RESNORM_LM_CACHE
