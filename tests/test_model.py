@@ -75,6 +75,10 @@ def test_rezero_gates_get_gradient_at_init():
 @pytest.mark.parametrize("placement", PLACEMENTS.names())
 def test_every_norm_and_placement_pair_trains_a_step(norm, placement):
     torch.manual_seed(0)
+    if NORMS.get(norm).needs_roles and not PLACEMENTS.get(placement).names_norm_roles:
+        with pytest.raises(ValueError, match=f"placement {placement!r} does not say; use it with placement: prenorm"):
+            tiny(norm=norm, placement=placement)
+        return
     model = tiny(norm=norm, placement=placement, dropout=0.1)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     idx, tgt = torch.randint(0, 97, (4, 16)), torch.randint(0, 97, (4, 16))
@@ -126,7 +130,7 @@ def test_init_follows_gpt2():
         (dict(vocab_size=2.5), "vocab_size must be a positive integer"),
         (dict(dropout=1.0), r"dropout must be in \[0, 1\)"),
         (dict(norm_eps=0), "norm_eps must be > 0"),
-        (dict(norm="group"), "unknown norm 'group'; valid norms: dyt, layernorm"),
+        (dict(norm="group"), "unknown norm 'group'; valid norms: dyt, dyt_llm, layernorm"),
         (dict(norm="dyt", norm_backend="triton"), "norm_backend 'triton' implements layernorm and rmsnorm, not 'dyt'"),
     ],
 )
@@ -138,3 +142,27 @@ def test_bad_config_gives_a_clear_error(overrides, message):
 def test_sequence_longer_than_block_size_is_rejected():
     with pytest.raises(ValueError, match="sequence length 17 exceeds block_size 16"):
         tiny()(torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_dyt_llm_is_set_up_as_the_reference_llama_code_sets_it():
+    """jiachenzhu/DyT other_tasks/LLaMA: alpha 0.8 before attention, 0.2 before the MLP and at the end, no bias,
+    and a learnable scalar sqrt(d) on the embeddings; the project's own DyT keeps one alpha 0.5 and a bias."""
+    model = tiny(norm="dyt_llm")
+    for block in model.blocks:
+        attn_norm, mlp_norm = block.placement.norms
+        assert (attn_norm.alpha.item(), mlp_norm.alpha.item()) == pytest.approx((0.8, 0.2))
+        assert attn_norm.bias is None and mlp_norm.bias is None
+    assert model.readout.alpha.item() == pytest.approx(0.2)
+    d = model.config.n_embd
+    assert model.embed_scale.gain.item() == pytest.approx(math.sqrt(d))
+    idx = torch.randint(0, 97, (2, 9))
+    pos = torch.arange(9)
+    first_input = {}
+    model.blocks[0].attn.register_forward_pre_hook(lambda m, args: first_input.setdefault("x", args[0]))
+    model(idx)
+    x = (model.wte(idx) + model.wpe(pos)) * math.sqrt(d)  # (B, T, C) the scaled embeddings
+    expected = model.blocks[0].placement.norms[0].weight * torch.tanh(0.8 * x)
+    torch.testing.assert_close(first_input["x"], expected)
+    plain = tiny(norm="dyt")
+    assert isinstance(plain.embed_scale, torch.nn.Identity)
+    assert {n.alpha.item() for b in plain.blocks for n in b.placement.norms} == {0.5}

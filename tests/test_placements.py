@@ -15,7 +15,7 @@ C = 16
 
 
 def make_placement(name, layer=0, n_layer=4):
-    def make_norm():
+    def make_norm(role=None):
         norm = LayerNorm(C)
         with torch.no_grad():  # non-trivial affine parameters so the test sees which norm is used where
             norm.weight.uniform_(0.5, 1.5)
@@ -206,7 +206,7 @@ def test_resi_dual_two_streams_and_readout(toys, x):
     ],
 )
 def test_final_norm_only_where_the_formula_has_one(name, final_norm):
-    readout = PLACEMENTS.get(name).build_readout(lambda: LayerNorm(C))
+    readout = PLACEMENTS.get(name).build_readout(lambda role=None: LayerNorm(C))
     assert isinstance(readout, LayerNorm) == final_norm
     assert isinstance(readout, nn.Identity) == (not final_norm)
 

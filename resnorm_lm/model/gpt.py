@@ -13,7 +13,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from resnorm_lm.model.loss import linear_cross_entropy
-from resnorm_lm.model.norms import build_norm, check_norm_choice
+from resnorm_lm.model.norms import NORM_BACKENDS, NORMS, build_norm, check_norm_choice
 from resnorm_lm.model.placements import PLACEMENTS, BlockContext, Stream
 
 
@@ -28,7 +28,7 @@ class GPTConfig:
     n_embd: int = 256  # model width C
     dropout: float = 0.0  # on attention weights, sublayer outputs and embeddings
     bias: bool = True  # biases in Linear layers and norms (False: no bias parameters at all)
-    norm: str = "layernorm"  # layernorm | rmsnorm | scalenorm | dyt | none
+    norm: str = "layernorm"  # layernorm | rmsnorm | scalenorm | dyt | dyt_llm | none
     norm_backend: str = "torch"  # torch | triton
     norm_eps: float = 1e-5  # inside the square root: (x - mean) / sqrt(var + eps)
     tie_embeddings: bool = True  # the LM head shares the token embedding matrix (False: its own matrix)
@@ -50,8 +50,14 @@ class GPTConfig:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if not self.norm_eps > 0:
             raise ValueError(f"norm_eps must be > 0, got {self.norm_eps}")
-        PLACEMENTS.get(self.placement)
+        placement = PLACEMENTS.get(self.placement)
         check_norm_choice(self.norm, self.norm_backend)
+        if NORMS.get(self.norm).needs_roles and not placement.names_norm_roles:
+            roled = [name for name in PLACEMENTS.names() if PLACEMENTS.get(name).names_norm_roles]
+            raise ValueError(
+                f"norm {self.norm!r} is initialized by what each norm feeds, which placement {self.placement!r} "
+                f"does not say; use it with placement: {' or '.join(roled)}"
+            )
 
 
 def norm_factory(cfg: GPTConfig):
@@ -149,6 +155,7 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
         self.drop = nn.Dropout(cfg.dropout)
+        self.embed_scale = NORM_BACKENDS.get(cfg.norm_backend).norm_class(cfg.norm).input_scale(cfg.n_embd)
         self.blocks = nn.ModuleList([Block(cfg, layer) for layer in range(cfg.n_layer)])
         self.readout = placement.build_readout(norm_factory(cfg))
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
@@ -178,7 +185,7 @@ class GPT(nn.Module):
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
         pos = torch.arange(T, device=idx.device)  # (T,)
-        x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
+        x = self.drop(self.embed_scale(self.wte(idx) + self.wpe(pos)))  # (B, T, C)
         stream = self.placement_cls.embed(x)
         for block in self.blocks:
             stream = block(stream)

@@ -25,6 +25,18 @@ NORM_BACKENDS: Registry[type[NormBackend]] = Registry("norm backend")
 class Norm(nn.Module):
     """Base class: ``forward(x)`` normalizes; ``add_norm`` fuses the residual add."""
 
+    needs_roles = False  # True: its init depends on what the norm feeds (``for_role``); the placement must say
+
+    @classmethod
+    def for_role(cls, role: str | None, dim: int, *, eps: float = 1e-5, bias: bool = True) -> Norm:
+        """A norm that feeds ``role`` ("attention", "mlp", "final", or None where the placement does not say)."""
+        return cls(dim, eps=eps, bias=bias)
+
+    @classmethod
+    def input_scale(cls, dim: int) -> nn.Module:
+        """What the model applies to its embeddings (B, T, C) before block 0: nothing, for a norm."""
+        return nn.Identity()
+
     def __init__(self, dim: int, eps: float = 1e-5, bias: bool = True) -> None:
         super().__init__()
         if dim < 1:
@@ -96,6 +108,42 @@ class DynamicTanh(Norm):
         y = self.weight.float() * torch.tanh(self.alpha.float() * x.float())
         y = y + self.bias.float() if self.bias is not None else y
         return y.to(x.dtype)
+
+
+@NORMS.register("dyt_llm")
+class DynamicTanhLLM(DynamicTanh):
+    """DyT as its authors train LLaMA (jiachenzhu/DyT, ``other_tasks/LLaMA``): ``gamma * tanh(alpha * x)``, no
+    bias; alpha init 0.8 in the norms before attention and 0.2 before the MLP and at the end (their LLaMA-2 7B
+    setting, the smallest they publish); and a learnable scalar on the embeddings, init sqrt(d)."""
+
+    needs_roles = True
+    ALPHA_INIT = {"attention": 0.8, "mlp": 0.2, "final": 0.2}  # by the sublayer the norm feeds
+
+    def __init__(self, dim: int, eps: float = 1e-5, bias: bool = True, alpha_init: float = 0.2) -> None:
+        super().__init__(dim, eps, bias=False, alpha_init=alpha_init)  # the reference has no bias
+
+    @classmethod
+    def for_role(cls, role: str | None, dim: int, *, eps: float = 1e-5, bias: bool = True) -> Norm:
+        if role not in cls.ALPHA_INIT:
+            raise ValueError(
+                f"norm 'dyt_llm' sets alpha by what each norm feeds ({', '.join(cls.ALPHA_INIT)}); got {role!r}"
+            )
+        return cls(dim, eps=eps, alpha_init=cls.ALPHA_INIT[role])
+
+    @classmethod
+    def input_scale(cls, dim: int) -> nn.Module:
+        return LearnedScalar(math.sqrt(dim))
+
+
+class LearnedScalar(nn.Module):
+    """``g * x`` with one learnable scalar g."""
+
+    def __init__(self, init: float) -> None:
+        super().__init__()
+        self.gain = nn.Parameter(torch.tensor(float(init)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gain.to(x.dtype)  # (..., C)
 
 
 @NORMS.register("none")
@@ -176,7 +224,11 @@ def check_norm_choice(norm: str, backend: str) -> None:
     backend_cls.norm_class(norm)
 
 
-def build_norm(norm: str, dim: int, *, backend: str = "torch", eps: float = 1e-5, bias: bool = True) -> Norm:
-    """The norm named ``norm`` on ``backend``, over a last dimension of size ``dim``."""
+def build_norm(
+    norm: str, dim: int, *, backend: str = "torch", eps: float = 1e-5, bias: bool = True, role: str | None = None
+) -> Norm:
+    """The norm named ``norm`` on ``backend``, over a last dimension of size ``dim``, feeding ``role`` (where the
+    placement says: "attention", "mlp" or "final")."""
     NORMS.get(norm)  # unknown names fail with the list of valid ones, whatever the backend
-    return NORM_BACKENDS.get(backend).norm_class(norm)(dim, eps=eps, bias=bias)
+    norm_cls = NORM_BACKENDS.get(backend).norm_class(norm)
+    return norm_cls(dim, eps=eps, bias=bias) if role is None else norm_cls.for_role(role, dim, eps=eps, bias=bias)

@@ -34,11 +34,13 @@ class BlockContext:
 
     layer: int  # 0-based block index
     n_layer: int  # N, the number of blocks
-    make_norm: Callable[[], Norm]  # a fresh norm of the configured kind and backend
+    make_norm: Callable[..., Norm]  # a fresh norm of the configured kind and backend; role= what it feeds
 
 
 class Placement(nn.Module):
     """Base class. Subclasses implement ``forward(stream, sublayers) -> stream``."""
+
+    names_norm_roles = False  # True: each norm is built with the role it feeds (see ``Norm.for_role``)
 
     def __init__(self, ctx: BlockContext) -> None:
         super().__init__()
@@ -53,7 +55,7 @@ class Placement(nn.Module):
     @classmethod
     def build_readout(cls, make_norm: Callable[[], Norm]) -> nn.Module:
         """Maps the stream leaving the last block to the LM head's input (B, T, C)."""
-        return make_norm()  # a final norm, as in GPT-2; post-norm placements override
+        return make_norm(role="final")  # a final norm, as in GPT-2; post-norm placements override
 
     def init_sublayers(self, attn: nn.Module, mlp: nn.Module) -> None:
         """GPT-2 init rule: residual output projections get std 0.02 / sqrt(2N)."""
@@ -115,9 +117,11 @@ class PreNorm(Placement):
     A final LN before the LM head.
     """
 
+    names_norm_roles = True
+
     def __init__(self, ctx: BlockContext) -> None:
         super().__init__(ctx)
-        self.norms = nn.ModuleList([ctx.make_norm(), ctx.make_norm()])
+        self.norms = nn.ModuleList([ctx.make_norm(role="attention"), ctx.make_norm(role="mlp")])
 
     def forward(self, x: torch.Tensor, sublayers: Sequence[Sublayer]) -> torch.Tensor:
         attn, mlp = sublayers
