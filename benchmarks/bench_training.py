@@ -223,7 +223,7 @@ def bench_norms(widths: list[int], rows: int, repeat: int) -> list[dict]:
 
     torch._dynamo.config.recompile_limit = 64  # one compile per (norm, width): never fall back to eager
     out = []
-    for name in ("layernorm", "rmsnorm", "scalenorm", "dyt"):
+    for name in NORM_NAMES:
         for mode in ("norm", "add+norm"):
             for compiled in (False, True):
                 norm_module = build_norm(name, max(widths))
@@ -244,10 +244,11 @@ def bench_norms(widths: list[int], rows: int, repeat: int) -> list[dict]:
     return out
 
 
-def bench_placements(steps: int, device, placements: list[str], backends: list[str], compiles: list[bool],
-                     shape: dict) -> list[dict]:  # fmt: skip
-    """Step time (fwd + bwd + AdamW, precision as `auto` picks) of the profile's model, per placement,
-    backend and compile setting."""
+def bench_steps(steps: int, device, variants: list[dict], shape: dict, relative_to: dict) -> list[dict]:
+    """Step time (fwd + bwd + AdamW, precision as `auto` picks) of the profile's 12-block model, for each variant
+    (GPTConfig overrides plus ``compile``), timed side by side: one step of each in turn, ``steps`` rounds after
+    one untimed round, the median per variant. ``ratio`` is against the variant matching ``relative_to`` in
+    the keys it names and sharing the variant's other keys."""
     import torch
 
     from resnorm_lm.model.gpt import GPT, GPTConfig
@@ -259,36 +260,40 @@ def bench_placements(steps: int, device, placements: list[str], backends: list[s
     if device.type == "cpu":
         use_for_run("bf16-mixed" if autocast else "32-true", shape["batch"], shape["heads"], shape["block"],
                     shape["width"])  # fmt: skip
-    out = []
-    for placement in placements:
-        for backend in backends:
-            for compiled in compiles:
-                torch.manual_seed(0)
-                cfg = GPTConfig(vocab_size=shape["vocab"], block_size=shape["block"], n_layer=12,
-                                n_head=shape["heads"], n_embd=shape["width"], placement=placement,
-                                norm_backend=backend)  # fmt: skip
-                model = GPT(cfg).to(device)
-                if compiled:
-                    model.compile()
-                opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
-                x = torch.randint(0, shape["vocab"], (shape["batch"], shape["block"]), device=device)
-                y = torch.randint(0, shape["vocab"], (shape["batch"], shape["block"]), device=device)
+    x = torch.randint(0, shape["vocab"], (shape["batch"], shape["block"]), device=device)  # (B, T)
+    y = torch.randint(0, shape["vocab"], (shape["batch"], shape["block"]), device=device)  # (B, T)
 
-                def step(model=model, opt=opt, x=x, y=y):
-                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-                        _, loss = model(x, y)
-                    loss.backward()
-                    opt.step()
-                    opt.zero_grad(set_to_none=True)
-                    sync(device)
+    def make_step(variant: dict):
+        torch.manual_seed(0)
+        arch = {k: v for k, v in variant.items() if k != "compile"}
+        model = GPT(GPTConfig(vocab_size=shape["vocab"], block_size=shape["block"], n_layer=12,
+                              n_head=shape["heads"], n_embd=shape["width"], **arch)).to(device)  # fmt: skip
+        if variant["compile"]:
+            model.compile()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
 
-                out.append({"placement": placement, "backend": backend, "compile": compiled,
-                            "step_s": time_it(step, steps)})  # fmt: skip
-                del model, opt
+        def step():
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+                _, loss = model(x, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            sync(device)
+
+        return step
+
+    steppers = [make_step(v) for v in variants]
+    times = [[] for _ in variants]
+    for round_ in range(steps + 1):
+        for fn, t in zip(steppers, times):
+            t0 = time.perf_counter()
+            fn()
+            if round_:  # the first round compiles and warms up
+                t.append(time.perf_counter() - t0)
+    out = [{**v, "step_s": statistics.median(t)} for v, t in zip(variants, times)]
     for r in out:
-        base = next(b["step_s"] for b in out if b["placement"] == "prenorm" and
-                    (b["backend"], b["compile"]) == (r["backend"], r["compile"]))  # fmt: skip
-        r["vs_prenorm"] = round(r["step_s"] / base, 3)
+        base = next(b["step_s"] for b in out if all(b[k] == (relative_to.get(k, r[k])) for k in variants[0]))
+        r["ratio"] = round(r["step_s"] / base, 3)
         r["step_s"] = round(r["step_s"], 4)
     return out
 
@@ -403,6 +408,7 @@ PROFILE_SHAPES = {
     "cpu": "12 x 128 wide, context 128, batch 16, precision as `auto` picks",
     "gpu": "GPT-2 small: 12 x 768 wide, vocab 32768, context 1024, batch 32, bf16-mixed, Shakespeare",
 }
+NORM_NAMES = ("layernorm", "rmsnorm", "scalenorm", "dyt")  # the norm table's rows (dyt_llm computes as dyt)
 PLACEMENT_SHAPES = {
     "cpu": {"vocab": 8192, "block": 128, "heads": 4, "width": 128, "batch": 16},
     "gpu": {"vocab": 32768, "block": 1024, "heads": 12, "width": 768, "batch": 32},
@@ -419,8 +425,8 @@ def main() -> int:
                         "(default: off on cpu, both on gpu)")  # fmt: skip
     parser.add_argument("--placements", nargs="+", default=None, help="placements timed (default: all on cpu, "
                         "prenorm and postnorm on gpu)")  # fmt: skip
-    parser.add_argument("--only", nargs="+", choices=["anatomy", "throughput", "placements", "eval", "norms"],
-                        default=None,
+    parser.add_argument("--only", nargs="+", default=None,
+                        choices=["anatomy", "throughput", "placements", "norm-steps", "eval", "norms"],
                         help="run only these sections")  # fmt: skip
     parser.add_argument("--child", choices=["lightning", "bare"], help=argparse.SUPPRESS)
     parser.add_argument("--child-compile", type=int, default=0, help=argparse.SUPPRESS)
@@ -440,7 +446,7 @@ def main() -> int:
         return 2
     compile_choice = args.compile or ("both" if profile == "gpu" else "off")
     compiles = {"off": [False], "on": [True], "both": [False, True]}[compile_choice]
-    sections = args.only or ["anatomy", "throughput", "placements", "eval", "norms"]
+    sections = args.only or ["anatomy", "throughput", "placements", "norm-steps", "eval", "norms"]
     bp = BENCH_PROFILES[profile]
     warmup, steps = bp["quick"] if args.quick else (bp["warmup"], bp["steps"])
     rounds = 1 if args.quick or profile == "gpu" else 2
@@ -474,21 +480,39 @@ def main() -> int:
         device = torch.device("cuda" if profile == "gpu" else "cpu")
         names = args.placements or (["prenorm", "postnorm"] if profile == "gpu" else PLACEMENTS.names())
         backends = ["torch", "triton"] if profile == "gpu" else ["torch"]
-        placements = bench_placements(3 if args.quick else 5, device, names, backends, compiles,
-                                      PLACEMENT_SHAPES[profile])  # fmt: skip
+        variants = [{"placement": p, "norm_backend": b, "compile": c}
+                    for p in names for b in backends for c in compiles]  # fmt: skip
+        placements = bench_steps(3 if args.quick else 5, device, variants, PLACEMENT_SHAPES[profile],
+                                 relative_to={"placement": "prenorm"})  # fmt: skip
         print(f"step time by placement ({profile}-profile model, precision as `auto` picks, fwd+bwd+AdamW), "
               "relative to prenorm with the same backend and compile setting:")  # fmt: skip
         for r in placements:
-            print(f"  {r['placement']:11} {r['backend']:7} compile={str(r['compile']).lower():5} "
-                  f"{r['step_s']:.4f} s  x{r['vs_prenorm']:.2f}")  # fmt: skip
+            print(f"  {r['placement']:11} {r['norm_backend']:7} compile={str(r['compile']).lower():5} "
+                  f"{r['step_s']:.4f} s  x{r['ratio']:.2f}")  # fmt: skip
         write_csv(f"placements_{profile}.csv", placements)
         written.append(f"placements_{profile}.csv")
+
+    if "norm-steps" in sections:
+        device = torch.device("cuda" if profile == "gpu" else "cpu")
+        pairs = [("prenorm", n) for n in ("layernorm", "rmsnorm", "scalenorm", "dyt", "dyt_llm")]
+        pairs += [("postnorm", "layernorm"), ("postnorm", "rmsnorm")]
+        variants = [{"placement": p, "norm": n, "compile": c} for p, n in pairs for c in compiles]
+        rows = bench_steps(5 if args.quick else 20, device, variants, PLACEMENT_SHAPES[profile],
+                           relative_to={"norm": "layernorm"})  # fmt: skip
+        print(f"step time by norm ({profile}-profile model, precision as `auto` picks, fwd+bwd+AdamW, timed in "
+              "turn), relative to LayerNorm in the same placement and compile setting:")  # fmt: skip
+        for r in rows:
+            print(f"  {r['placement']:9} {r['norm']:10} compile={str(r['compile']).lower():5} "
+                  f"{r['step_s']:.4f} s  x{r['ratio']:.2f}")  # fmt: skip
+        write_csv(f"norm_steps_{profile}.csv", rows)
+        written.append(f"norm_steps_{profile}.csv")
+        print()
 
     if "norms" in sections and profile == "cpu":  # on a GPU: make bench-kernels
         norms = bench_norms(widths, 4096 if not args.quick else 1024, 5 if args.quick else 10)
         print(f"\nnorms, forward+backward of {norms[0]['rows']} rows (ms), eager / torch.compile:")
         print(f"{'norm':10} {'mode':9} " + " ".join(f"{w:>13}" for w in widths))
-        for name in ("layernorm", "rmsnorm", "scalenorm", "dyt"):
+        for name in NORM_NAMES:
             for mode in ("norm", "add+norm"):
                 cells = []
                 for w in widths:
