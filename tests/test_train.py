@@ -197,6 +197,8 @@ def resume_matches_uninterrupted(tmp_path: Path, corpus: str, stop: int, total: 
     assert sorted(a) == sorted(b) == list(range(total))
     assert [a[s] for s in range(total)] == [b[s] for s in range(total)], f"losses differ: {a} vs {b}"
     wa, wb = final_weights(straight / "prenorm-12l" / "smoke-seed1"), final_weights(run_dir)
+    clips = [json.loads((d / "eval.json").read_text())["clip"] for d in (straight / "prenorm-12l/smoke-seed1", run_dir)]
+    assert clips[0] == clips[1] and clips[0]["steps"] == total  # the resumed run counts on from its checkpoint
     assert wa.keys() == wb.keys()
     for name in wa:
         assert torch.equal(wa[name], wb[name]), f"{name} differs after resume"

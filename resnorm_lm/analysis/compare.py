@@ -443,8 +443,9 @@ def recipe_row(sel: Selection, runs: dict[RunSpec, Path], unigram: float | None,
 def grid_rows(
     selections: dict[Any, Selection], unigram: float | None, runs: dict[RunSpec, Path] | None = None
 ) -> list[dict[str, Any]]:
-    """One row per recipe (at each depth) and setting: mean validation loss over the seeds run there, its flags
-    and the precision it was evaluated at (from the ``runs``' eval.json)."""
+    """One row per recipe (at each depth) and setting: mean validation loss over the seeds run there, its flags,
+    the mean fraction of steps whose gradient clip bound, and the precision it was evaluated at (from the
+    ``runs``' eval.json)."""
     rows, runs = [], runs or {}
     for sel in selections.values():
         for score in sorted(sel.scores, key=lambda s: s.setting):
@@ -452,11 +453,14 @@ def grid_rows(
             flags = [f"{what} {count}/{n}" for what, count in (("diverged", score.n_diverged), ("not learning", stuck))
                      if count]  # fmt: skip
             # the loss shown is over the seeds that did not diverge; such a setting is never chosen (score.mean)
+            clips = [read_summary(runs[o.spec]).get("clip") for o in score.outcomes if o.spec in runs]
+            clipped = [c["clipped_fraction"] for c in clips if c]  # runs from before the record have none
             rows.append({"recipe": sel.recipe, "n_layer": sel.n_layer, "lr": score.setting.lr,
                          "warmup": score.setting.warmup, "n_seeds": n,
                          "val_loss_mean": statistics.fmean(score.losses) if score.losses else None,
                          "val_loss_std": score.std if score.losses else None, "n_diverged": score.n_diverged,
                          "status": ", ".join(flags) or "ok",
+                         "clipped_mean": statistics.fmean(clipped) if clipped else None,
                          "eval_precision": eval_precisions([runs[o.spec] for o in score.outcomes if o.spec in runs]),
                          "chosen": sel.chosen is not None and score.setting == sel.chosen.setting})  # fmt: skip
     return rows
@@ -498,15 +502,26 @@ def markdown_report(table: list[dict], grid: list[dict], profile: str, command: 
         lines.append(with_layers(line, r.get("n_layer")) if depths else line)
     if any(r.get("lr_edge") for r in table):
         lines += ["", "A chosen lr at the edge of the grid means the grid should be widened on that side."]
-    lines += ["", "## The grid (validation loss, mean over the seeds run at each setting that did not diverge)", ""]
-    header = ["| recipe | lr | warmup | seeds | val loss | status | chosen |", "|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## The grid (validation loss, mean over the seeds run at each setting that did not diverge)",
+        "",
+        "Clipped: the mean fraction of optimizer steps whose global gradient norm exceeded the clip "
+        "(`-`: not recorded, or no clipping by norm).",
+        "",
+    ]
+    header = [
+        "| recipe | lr | warmup | seeds | val loss | clipped | status | chosen |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     lines += [with_layers(line, "layers") for line in header] if depths else header
     for g in grid:
         lr = "recipe" if g["lr"] is None else f"{g['lr']:g}"
         warmup = "recipe" if g["warmup"] is None else str(g["warmup"])
         loss = num(g["val_loss_mean"], g["val_loss_std"])
         chosen = "yes" if g["chosen"] else ""
-        line = f"| {g['recipe']} | {lr} | {warmup} | {g['n_seeds']} | {loss} | {g['status']} | {chosen} |"
+        clipped = "-" if g.get("clipped_mean") is None else f"{g['clipped_mean']:.0%}"
+        line = f"| {g['recipe']} | {lr} | {warmup} | {g['n_seeds']} | {loss} | {clipped} | {g['status']} | {chosen} |"
         lines.append(with_layers(line, g.get("n_layer")) if depths else line)
     return "\n".join(lines) + "\n"
 
@@ -881,14 +896,17 @@ def main(argv: list[str] | None = None) -> int:
     write_csv_atomic(out_dir / "grid.csv", grid)
     own_depths = {r: recipe_depth(r, profile) for r in args.recipes}
     write_tuned_overlays(table, grid, out_dir / "tuned", profile, command, hardware, own_depths)
-    from resnorm_lm.analysis.plots import plot_grad_norms, plot_loss_curves, plot_lr_sensitivity
+    from resnorm_lm.analysis.plots import plot_clipping, plot_grad_norms, plot_loss_curves, plot_lr_sensitivity
 
     depths = bool(args.depths)
     at_chosen = {arm_label(sel, depths): [d for _, d in chosen_runs(sel, runs)] for sel in selections.values()}
     at_chosen = {label: dirs for label, dirs in at_chosen.items() if dirs}
     if args.lrs or args.lrs_at:  # with depths, a line per (recipe, depth)
         labels = {(sel.recipe, sel.n_layer): arm_label(sel, depths) for sel in selections.values()}
-        plot_lr_sensitivity([{**g, "recipe": labels[g["recipe"], g["n_layer"]]} for g in grid], unigram, out_dir)
+        labelled = [{**g, "recipe": labels[g["recipe"], g["n_layer"]]} for g in grid]
+        plot_lr_sensitivity(labelled, unigram, out_dir)
+        if any(g["clipped_mean"] is not None for g in grid):
+            plot_clipping(labelled, out_dir)
     else:
         print("compare: no LRS grid: lr_sensitivity.png not drawn")
     if at_chosen:

@@ -157,6 +157,22 @@ def plot_lr_sensitivity(grid: list[dict], unigram: float | None, out_dir: Path) 
     return save_figure(fig, (ax,), (ax,), out_dir / "lr_sensitivity.png")
 
 
+def plot_clipping(grid: list[dict], out_dir: Path) -> Path:
+    """The fraction of optimizer steps whose gradient clip bound, against peak LR: a line per recipe and warmup
+    (``grid`` rows with clipped_mean; rows without a record are left out)."""
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=90)
+    colors = recipe_colors(g["recipe"] for g in grid)
+    for recipe, color in colors.items():
+        for warmup in sorted({g["warmup"] for g in grid if g["recipe"] == recipe}, key=lambda w: (w is None, w)):
+            rows = sorted((g for g in grid if g["recipe"] == recipe and g["warmup"] == warmup and g["lr"] is not None
+                           and g["clipped_mean"] is not None), key=lambda g: g["lr"])  # fmt: skip
+            ax.plot([g["lr"] for g in rows], [g["clipped_mean"] for g in rows], marker="o", ms=4, color=color,
+                    label=recipe if warmup is None else f"{recipe}, warmup {warmup}")  # fmt: skip
+    ax.set(xscale="log", ylim=(-0.03, 1.03), xlabel="peak learning rate", ylabel="fraction of steps clipped",
+           title="How often the gradient clip bound (mean over seeds)")  # fmt: skip
+    return save_figure(fig, (ax,), (ax,), out_dir / "clipping.png")
+
+
 # ---------------------------------------------------------------------- the depth axis
 
 

@@ -14,6 +14,7 @@ from torchmetrics import Metric
 
 from resnorm_lm.model.gpt import GPT, GPTConfig
 from resnorm_lm.model.loss import IGNORE_INDEX
+from resnorm_lm.train.clipping import ClipRecord
 from resnorm_lm.train.device_verdicts import DeviceVerdicts, ReadVerdicts
 from resnorm_lm.train.diagnostics import grad_norms
 from resnorm_lm.train.faults import DivergenceConfig, DivergenceGuard, LossWindow
@@ -110,6 +111,7 @@ class LanguageModel(L.LightningModule):
         self.verdicts: DeviceVerdicts | None = None  # set by configure_optimizers where verdicts are on the device
         self.losses = LossWindow()  # the micro-batch losses of the optimizer step being accumulated
         self.drop_step = False  # a host verdict: the step about to run is bad, its gradients are dropped
+        self.clips = ClipRecord()  # how often clipping by norm bound
         self.compile_model = compile
         self.log_grad_norms = log_grad_norms
         self.save_hyperparameters({"arch": asdict(self.arch), "optim": asdict(self.optim)})
@@ -168,7 +170,13 @@ class LanguageModel(L.LightningModule):
         if not self.log_grad_norms or trainer.global_step % max(trainer.log_every_n_steps, 1) != 0:
             return
         total, per_layer = grad_norms(self.model)  # one host sync for all of them
-        metrics = {"grad_norm/total": total}
+        metrics = {"grad_norm/total": total}  # before clipping
+        clip = trainer.gradient_clip_val
+        if clip and trainer.gradient_clip_algorithm != "value":
+            metrics["clip/bound"] = float(total + 1e-6 > clip)  # this step's; torch's rule (clipping.py)
+        if self.clips.counts is not None:
+            steps, clipped = self.clips.counts  # the steps before this one
+            metrics["clip/fraction"] = clipped / steps
         metrics.update({f"grad_norm/layer_{i:02d}": g for i, g in enumerate(per_layer)})
         self.log_dict(metrics, on_step=True, on_epoch=False)
 
@@ -185,16 +193,19 @@ class LanguageModel(L.LightningModule):
 
     def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
                                     gradient_clip_algorithm: str | None = None) -> None:  # fmt: skip
-        """Clip a fused optimizer's gradients here: Lightning's mixed-precision plugin refuses to clip for any
-        optimizer that can unscale inside its step (fused AdamW), even under bf16, where nothing is scaled
-        and the gradients are the true ones. With a GradScaler (16-mixed: never fused) Lightning clips."""
-        if not gradient_clip_val or self._grad_scaler() or not getattr(optimizer, "_step_supports_amp_scaling", False):
+        """Clip by norm here, counting the steps where it binds (``ClipRecord``), and a fused optimizer's gradients
+        by value: Lightning's mixed-precision plugin refuses to clip for any optimizer that can unscale inside its
+        step (fused AdamW), even under bf16, where nothing is scaled and the gradients are the true ones. With a
+        GradScaler (16-mixed: never fused) Lightning clips, and nothing is counted."""
+        fused = getattr(optimizer, "_step_supports_amp_scaling", False)
+        by_value = gradient_clip_algorithm == "value"
+        if not gradient_clip_val or self._grad_scaler() or (by_value and not fused):
             return super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
         params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        if gradient_clip_algorithm == "value":
+        if by_value:
             torch.nn.utils.clip_grad_value_(params, gradient_clip_val, foreach=True)
-        else:
-            torch.nn.utils.clip_grad_norm_(params, gradient_clip_val, foreach=True)
+        elif params:  # none: a step the divergence guard dropped, not counted
+            self.clips.clip(params, gradient_clip_val)  # torch's clip_grad_norm_, counted
 
     def _grad_scaler(self) -> bool:
         return str(self.trainer.precision) == "16-mixed"
@@ -286,6 +297,7 @@ class LanguageModel(L.LightningModule):
         if self.verdicts is not None:
             self.verdicts.collect()  # the host records up to this step
         checkpoint["divergence_guard"] = self.guard.state_dict()
+        checkpoint["clip_record"] = self.clips.state_dict()
         checkpoint["rng_states"] = {
             "python": random.getstate(),
             "numpy": numpy_rng_state(),
@@ -320,6 +332,7 @@ class LanguageModel(L.LightningModule):
         self.train_seconds_before = float(checkpoint.get("train_seconds", 0.0))
         self.tokens_seen = checkpoint.get("tokens_seen")  # None in files from before it was counted
         self.schedule_steps = checkpoint.get("schedule_max_steps")  # before configure_optimizers builds it
+        self.clips.load_state_dict(checkpoint.get("clip_record", {}))
         if "divergence_guard" in checkpoint:
             self.guard.load_state_dict(checkpoint["divergence_guard"])  # device verdicts start from these
         states = checkpoint.get("rng_states")

@@ -45,6 +45,7 @@ def finish_run(trainer: L.Trainer, model, datamodule, run: RunConfig, run_dir: P
         "diverged_at_step": diverged["step"] if diverged else None,
         "diverged_reason": diverged["reason"] if diverged else None,
         "skipped_steps": model.guard.skipped,
+        "clip": model.clips.summary(),  # how often clipping by norm bound; None: no clipping by norm counted
     }
     if trainer.is_global_zero:
         write_json_atomic(run_dir / "eval.json", summary)
