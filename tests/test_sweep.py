@@ -212,6 +212,7 @@ def test_a_tiny_sweep_interrupted_then_finished_picks_on_validation_and_tests_on
     assert len(table) == 1 and float(table[0]["lr"]) == 3e-3 and table[0]["n_seeds"] == "2"
     assert table[0]["status"] == "ok" and float(table[0]["val_loss_mean"]) < float(table[0]["unigram_loss"]) - 0.1
     assert table[0]["lr_edge"] == "highest" and "(highest of grid)" in second.stdout
+    assert table[0]["init"] == "gpt2" and "Init: `gpt2` in every run" in second.stdout
     assert float(table[0]["test_loss_mean"]) > 0
     for run_dir in runs.iterdir():  # test evaluated at the chosen setting only
         evaluation = json.loads((run_dir / "eval.json").read_text())["eval"]

@@ -102,6 +102,11 @@ def run_config(run_dir: Path) -> dict[str, Any]:
     return yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
 
 
+def run_init(run_dir: Path) -> str:
+    """The weight init a run trained from (``model.arch.init``; runs from before it was named: gpt2)."""
+    return ((run_config(run_dir).get("model") or {}).get("arch") or {}).get("init", "gpt2")
+
+
 def step_seconds_by_blocks(root: Path, profile: str) -> dict[int, list[float]]:
     """Training seconds per step of the finished runs of ``profile`` under ``root``, by their number of blocks."""
     rates: dict[int, list[float]] = {}
@@ -427,6 +432,7 @@ def recipe_row(sel: Selection, runs: dict[RunSpec, Path], unigram: float | None,
         for metric in METRICS:
             row[f"{prefix}_{metric}_mean"], row[f"{prefix}_{metric}_std"] = mean_std([r.get(metric) for r in results])
     facts = [read_summary(d) for d in chosen.values()]
+    row["init"] = ", ".join(sorted({run_init(d) for d in chosen.values()}))
     row["params"] = facts[0].get("params")
     row["tokens"] = facts[0].get("tokens")
     tps = [f["tokens"] / f["wall_s"] for f in facts if f.get("tokens") and f.get("wall_s")]
@@ -500,6 +506,11 @@ def markdown_report(table: list[dict], grid: list[dict], profile: str, command: 
             cells.append(num(r.get(f"{key}_mean"), r.get(f"{key}_std"), digits))
         line = "| " + " | ".join([*cells, r.get("eval_precision") or "-", r["status"]]) + " |"
         lines.append(with_layers(line, r.get("n_layer")) if depths else line)
+    inits = {r["recipe"]: r["init"] for r in table if r.get("init")}
+    if len(set(inits.values())) == 1:
+        lines += ["", f"Init: `{next(iter(inits.values()))}` in every run (`model.arch.init`)."]
+    elif inits:
+        lines += ["", "Init (`model.arch.init`): " + "; ".join(f"{r} `{i}`" for r, i in inits.items()) + "."]
     if any(r.get("lr_edge") for r in table):
         lines += ["", "A chosen lr at the edge of the grid means the grid should be widened on that side."]
     lines += [

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from resnorm_lm.model.init import INITS
 from resnorm_lm.model.loss import linear_cross_entropy
 from resnorm_lm.model.norms import NORM_BACKENDS, NORMS, build_norm, check_norm_choice
 from resnorm_lm.model.placements import PLACEMENTS, BlockContext, Stream
@@ -32,6 +33,7 @@ class GPTConfig:
     norm_backend: str = "torch"  # torch | triton
     norm_eps: float = 1e-5  # inside the square root: (x - mean) / sqrt(var + eps)
     tie_embeddings: bool = True  # the LM head shares the token embedding matrix (False: its own matrix)
+    init: str = "gpt2"  # gpt2 | plain | xavier: how the weights start (resnorm_lm/model/init.py)
     placement: str = (
         "prenorm"  # postnorm | prenorm | sandwich | deepnorm | rezero | mixln | lns | b2t | resi_dual | noresidual
     )
@@ -51,6 +53,7 @@ class GPTConfig:
         if not self.norm_eps > 0:
             raise ValueError(f"norm_eps must be > 0, got {self.norm_eps}")
         placement = PLACEMENTS.get(self.placement)
+        INITS.get(self.init)
         check_norm_choice(self.norm, self.norm_backend)
         if NORMS.get(self.norm).needs_roles and not placement.names_norm_roles:
             roled = [name for name in PLACEMENTS.names() if PLACEMENTS.get(name).names_norm_roles]
@@ -164,16 +167,11 @@ class GPT(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """GPT-2 init (std 0.02), then each placement's own rule for its sublayers."""
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, mean=0.0, std=0.02)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        """The configured init (``init``; GPT-2's by default), then each placement's rule for its sublayers."""
+        init = INITS.get(self.config.init)()
+        init.init_weights(self)
         for block in self.blocks:
-            block.placement.init_sublayers(block.attn, block.mlp)
+            block.placement.init_sublayers(block.attn, block.mlp, init)
 
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None, reduction: str = "mean"

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from resnorm_lm.model.init import InitRule
 from resnorm_lm.model.norms import Norm
 from resnorm_lm.registry import Registry
 
@@ -57,11 +58,10 @@ class Placement(nn.Module):
         """Maps the stream leaving the last block to the LM head's input (B, T, C)."""
         return make_norm(role="final")  # a final norm, as in GPT-2; post-norm placements override
 
-    def init_sublayers(self, attn: nn.Module, mlp: nn.Module) -> None:
-        """GPT-2 init rule: residual output projections get std 0.02 / sqrt(2N)."""
-        std = 0.02 / math.sqrt(2 * self.n_layer)
-        for proj in (attn.c_proj, mlp.c_proj):
-            nn.init.normal_(proj.weight, mean=0.0, std=std)
+    def init_sublayers(self, attn: nn.Module, mlp: nn.Module, init: InitRule) -> None:
+        """After ``init`` set every weight: the init's own depth rule (GPT-2's: the residual output projections
+        at std 0.02 / sqrt(2N)); a placement with a rule of its own from its paper overrides this."""
+        init.scale_branch_outputs(attn, mlp, self.n_layer)
 
 
 class FinalOutputIsNormed:
@@ -163,9 +163,10 @@ class DeepNorm(FinalOutputIsNormed, SublayerPlacement):
         x ──┬──> F ─────────(+)──> LN ──>
             └──> * alpha ────┘
 
-    Init: the MLP, attention value and attention output weights are multiplied
-    by beta = (8N)^(-1/4) (a divisor of the std-0.02 init, not a gain on the
-    output). Alpha scales the residual, not F. No final norm.
+    Init: the MLP, attention value and attention output weights and biases are
+    multiplied by beta = (8N)^(-1/4) (a divisor of whatever the init set, as
+    torchscale divides its Xavier init; not a gain on the output), in place of
+    the init's depth rule. Alpha scales the residual, not F. No final norm.
     """
 
     def __init__(self, ctx: BlockContext) -> None:
@@ -186,11 +187,15 @@ class DeepNorm(FinalOutputIsNormed, SublayerPlacement):
         y, _ = self.norms[i].add_norm(self.alpha * x, f(x))
         return y
 
-    def init_sublayers(self, attn: nn.Module, mlp: nn.Module) -> None:
+    def init_sublayers(self, attn: nn.Module, mlp: nn.Module, init: InitRule) -> None:
         with torch.no_grad():
             attn.value_weight().mul_(self.beta)  # (C, C) slice of the fused qkv weight
+            if attn.c_attn.bias is not None:
+                attn.c_attn.bias[2 * attn.n_embd :].mul_(self.beta)  # v's bias
             for linear in (attn.c_proj, mlp.c_fc, mlp.c_proj):
                 linear.weight.mul_(self.beta)
+                if linear.bias is not None:
+                    linear.bias.mul_(self.beta)
 
 
 @PLACEMENTS.register("rezero")
@@ -261,8 +266,8 @@ class LayerNormScaling(Placement):
         h, x = self.norms[1].add_norm(x, a)  # the add and the next input norm, fused
         return x + mlp(h * self.scale)
 
-    def init_sublayers(self, attn: nn.Module, mlp: nn.Module) -> None:
-        pass  # plain std-0.02 init everywhere
+    def init_sublayers(self, attn: nn.Module, mlp: nn.Module, init: InitRule) -> None:
+        pass  # no depth scaling of the init (with gpt2: plain std 0.02 everywhere)
 
 
 @PLACEMENTS.register("b2t")

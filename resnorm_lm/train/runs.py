@@ -137,6 +137,7 @@ class RunManifest(L.Callback):
             "started": earlier.get("started", segment["started"]),  # when the run began
             "data": data,
             "parameters": sum(p.numel() for p in pl_module.parameters()),
+            "init": pl_module.arch.init,  # how the weights started (model.arch.init)
             "segments": [*segments, segment],
         })  # fmt: skip
 
