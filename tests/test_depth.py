@@ -75,6 +75,7 @@ class DepthTrainer:
             loss = self.loss(n_layer, spec.setting.lr, spec.seed)
             split = {"loss": loss, "ppl": math.exp(loss), "bpb": loss / math.log(2)}
             summary = {"finished": True, "step": 5, "params": 1000 * n_layer, "tokens": 640, "wall_s": 1.0,
+                       "clip": {"max_norm": 1.0, "steps": 5, "clipped_steps": 1, "clipped_fraction": 0.2},
                        "eval": {"step": 5, "validation": split, "test": split, "precision": "32-true",
                                 "trained_precision": "32-true"}}  # fmt: skip
             (run_dir / "eval.json").write_text(json.dumps(summary))
