@@ -300,7 +300,7 @@ def test_a_setting_where_one_seed_diverged_shows_the_others_and_is_never_chosen(
     assert grid[1.6e-2]["val_loss_mean"] == pytest.approx((5.071 + 5.032) / 2)  # not inf
     assert grid[1.6e-2]["status"] == "diverged 1/3" and grid[1.6e-2]["n_diverged"] == 1
     text = markdown_report([], list(grid.values()), "cpu", "make compare", 6.4, "x")
-    assert "| rezero-12l | 0.016 | 200 | 3 | 5.051 ± 0.028 | diverged 1/3 |  |" in text and "inf" not in text
+    assert "| rezero-12l | 0.016 | 200 | 3 | 5.051 ± 0.028 | - | diverged 1/3 |  |" in text and "inf" not in text
     assert plot_lr_sensitivity(list(grid.values()), 6.4, tmp_path).stat().st_size > 10_000
 
 

@@ -102,8 +102,11 @@ def run_config(run_dir: Path) -> dict[str, Any]:
     return yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
 
 
-def run_init(run_dir: Path) -> str:
-    """The weight init a run trained from (``model.arch.init``; runs from before it was named: gpt2)."""
+def run_init(run_dir: Path) -> str | None:
+    """The weight init a run trained from (``model.arch.init``; runs from before it was named: gpt2), or None
+    where the run has no config.yaml."""
+    if not (run_dir / "config.yaml").is_file():
+        return None
     return ((run_config(run_dir).get("model") or {}).get("arch") or {}).get("init", "gpt2")
 
 
@@ -432,7 +435,7 @@ def recipe_row(sel: Selection, runs: dict[RunSpec, Path], unigram: float | None,
         for metric in METRICS:
             row[f"{prefix}_{metric}_mean"], row[f"{prefix}_{metric}_std"] = mean_std([r.get(metric) for r in results])
     facts = [read_summary(d) for d in chosen.values()]
-    row["init"] = ", ".join(sorted({run_init(d) for d in chosen.values()}))
+    row["init"] = ", ".join(sorted({i for i in map(run_init, chosen.values()) if i})) or None
     row["params"] = facts[0].get("params")
     row["tokens"] = facts[0].get("tokens")
     tps = [f["tokens"] / f["wall_s"] for f in facts if f.get("tokens") and f.get("wall_s")]
