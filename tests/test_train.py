@@ -37,6 +37,7 @@ def test_the_promised_recipes_and_profiles_exist():
     expected |= {"postnorm-12l-rmsnorm"}
     expected |= {"prenorm-12l-triton", "postnorm-12l-triton", "postnorm-12l-nowarmup", "prenorm-12l-nowarmup"}
     expected |= {"prenorm-24l", "postnorm-24l", "deepnorm-24l"}
+    expected |= {f"{p}-{n}l-xavier" for p in ("prenorm", "postnorm", "deepnorm") for n in (12, 24)}
     assert expected <= set(available_recipes())
     assert {"cpu", "gpu", "smoke"} <= set(available_profiles())
 
@@ -358,6 +359,8 @@ def test_every_variant_in_the_repository_names_a_base_that_exists_and_a_run_reco
     for variant in [f"prenorm-12l-{v}" for v in prenorm_variants] + ["postnorm-12l-rmsnorm", "postnorm-12l-triton"]:
         assert bases[variant] == variant.split("-")[0] + "-12l"
         assert tuned_setting(variant, "cpu")[0] is not None  # never the profile's untuned 2e-3 in silence
+    for variant in (r for r in bases if r.endswith("-xavier")):
+        assert bases[variant] == variant.removesuffix("-xavier")  # the same placement and depth, GPT-2's init
     corpus = write_corpus(tmp_path / "corpus")
     args = smoke_args(tmp_path, corpus, f"--run.root={tmp_path / 'runs'}", "--trainer.max_steps=1",
                       recipe="prenorm-12l-rmsnorm")  # fmt: skip
