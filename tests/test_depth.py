@@ -85,11 +85,11 @@ class DepthTrainer:
     def write_run(self, run_dir: Path, spec: RunSpec, n_layer: int) -> None:
         (run_dir / "config.yaml").write_text(yaml.safe_dump({"data": self.data}))
         with (run_dir / "metrics.csv").open("w", newline="") as f:
-            layers = [f"grad_norm/layer_{i:02d}" for i in range(n_layer)]
+            layers = [f"{m}/layer_{i:02d}" for m in ("grad_norm", "stream_rms") for i in range(n_layer)]
             writer = csv.DictWriter(f, fieldnames=["step", "train/loss", *layers])
             writer.writeheader()
             for step, scale in ((0, 1.0), (4, 0.5)):
-                norms = {k: scale * (i + 1) for i, k in enumerate(layers)}
+                norms = {k: scale * (i % n_layer + 1) for i, k in enumerate(layers)}
                 writer.writerow({"step": step, "train/loss": 6.0 - step / 4, **norms})
         placement = yaml.safe_load(recipe_path(spec.recipe).read_text())["model"]["arch"]["placement"]
         arch = GPTConfig(vocab_size=self.data["vocab_size"], block_size=self.data["block_size"], n_layer=n_layer,
@@ -278,7 +278,8 @@ def test_compare_with_depths_writes_every_figure_and_table(scripted_compare, cap
     for name in ("compare.csv", "grid.csv", "depth.csv"):
         nonempty(out / name, "csv")
     for name in ("depth_loss.png", "depth_lr.png", "stability_map.png", "depth_grad_norms.png",
-                 "layer_contribution.png", "lr_sensitivity.png", "loss_curves.png", "grad_norms.png"):  # fmt: skip
+                 "layer_contribution.png", "lr_sensitivity.png", "loss_curves.png", "grad_norms.png",
+                 "depth_stream_rms.png", "stream_rms.png"):  # fmt: skip
         nonempty(out / name, "png")
     table = list(csv.DictReader((out / "compare.csv").open()))
     assert sorted((r["recipe"], r["n_layer"]) for r in table) == [

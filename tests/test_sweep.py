@@ -222,7 +222,7 @@ def test_a_tiny_sweep_interrupted_then_finished_picks_on_validation_and_tests_on
     tuned = tmp_path / "results" / "smoke" / "tuned" / "prenorm-12l.yaml"  # the pick, ready for recipes/tuned/
     assert yaml.safe_load(tuned.read_text()) == {"model": {"optim": {"lr": 3e-3, "warmup_steps": 2}}}
     assert "lr 0.003, warmup 2, 2 seed(s)" in tuned.read_text() and "<- chosen" in tuned.read_text()
-    for plot in ("lr_sensitivity.png", "loss_curves.png", "grad_norms.png", "clipping.png"):
+    for plot in ("lr_sensitivity.png", "loss_curves.png", "grad_norms.png", "clipping.png", "stream_rms.png"):
         assert (tmp_path / "results" / "smoke" / plot).stat().st_size > 10_000, plot
     at_pick = [json.loads((runs / f"smoke-lr0.003-wu2-seed{k}/eval.json").read_text())["clip"] for k in (1, 2)]
     assert all(c["steps"] == 100 and c["max_norm"] == 1.0 for c in at_pick)

@@ -153,7 +153,8 @@ def test_smoke_run_writes_its_run_directory_and_result_line(tmp_path, corpus, ca
     losses = train_losses(run_dir)
     assert sorted(losses) == list(range(6)) and all(l == l for l in losses.values())
     header = (run_dir / "metrics.csv").read_text().splitlines()[0]
-    for key in ("grad_norm/total", "grad_norm/layer_00", "grad_norm/layer_11", "lr-AdamW", "val/bpb", "val/ppl"):
+    for key in ("grad_norm/total", "grad_norm/layer_00", "grad_norm/layer_11", "stream_rms/layer_00",
+                "stream_rms/layer_11", "lr-AdamW", "val/bpb", "val/ppl"):
         assert key in header, key
 
 
@@ -252,10 +253,13 @@ def test_compiled_model_trains_and_its_checkpoint_loads_uncompiled(tmp_path, cor
     root = tmp_path / "runs"
     code = run_cli(smoke_args(tmp_path, corpus, f"--run.root={root}", "--model.compile=true", "--trainer.max_steps=3"))
     assert code == 0, capsys.readouterr().err[-2000:]
+    from resnorm_lm.analysis.plots import read_metrics
     from resnorm_lm.train.checkpoints import load_run
 
     run = load_run(root / "prenorm-12l" / "smoke-seed1")  # plain module, the same state-dict keys
     assert run.global_step == 3
+    rows = [r for r in read_metrics(root / "prenorm-12l" / "smoke-seed1") if "stream_rms/layer_11" in r]
+    assert rows and rows[0]["step"] == 0 and rows[0]["stream_rms/layer_11"] > 0  # the hooks run compiled too
 
 
 def test_ddp_is_asked_for_only_with_more_than_one_process(monkeypatch):

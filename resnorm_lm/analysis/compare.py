@@ -778,8 +778,11 @@ def write_depth_results(selections: dict[Arm, Selection], runs: dict[RunSpec, Pa
     picked = {(sel.recipe, sel.n_layer): chosen_runs(sel, runs) for sel in selections.values()}
     picked = {key: pairs for key, pairs in picked.items() if pairs}
     if picked:  # one seed per pick: the lowest
-        plots.plot_depth_grad_norms({key: pairs[0][1] for key, pairs in picked.items()}, out_dir)
+        at_picks = {key: pairs[0][1] for key, pairs in picked.items()}
+        plots.plot_depth_grad_norms(at_picks, out_dir)
         written.append("depth_grad_norms.png")
+        if plots.plot_depth_stream_rms(at_picks, out_dir):
+            written.append("depth_stream_rms.png")
     if contribution_tokens > 0 and picked:
         print(f"compare: layer contribution of {sum(map(len, picked.values()))} run(s) at the picks", flush=True)
         contribution, missing = contribution_rows(picked, contribution_tokens)
@@ -910,7 +913,8 @@ def main(argv: list[str] | None = None) -> int:
     write_csv_atomic(out_dir / "grid.csv", grid)
     own_depths = {r: recipe_depth(r, profile) for r in args.recipes}
     write_tuned_overlays(table, grid, out_dir / "tuned", profile, command, hardware, own_depths)
-    from resnorm_lm.analysis.plots import plot_clipping, plot_grad_norms, plot_loss_curves, plot_lr_sensitivity
+    from resnorm_lm.analysis.plots import (plot_clipping, plot_grad_norms, plot_loss_curves, plot_lr_sensitivity,
+                                           plot_stream_rms)  # fmt: skip
 
     depths = bool(args.depths)
     at_chosen = {arm_label(sel, depths): [d for _, d in chosen_runs(sel, runs)] for sel in selections.values()}
@@ -926,6 +930,7 @@ def main(argv: list[str] | None = None) -> int:
     if at_chosen:
         plot_loss_curves(at_chosen, out_dir)
         plot_grad_norms(at_chosen, out_dir)
+        plot_stream_rms(at_chosen, out_dir)
     if args.depths:
         written = write_depth_results(selections, runs, table, grid, unigram, out_dir, command,
                                       args.contribution_tokens)  # fmt: skip

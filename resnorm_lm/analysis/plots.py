@@ -93,26 +93,51 @@ def plot_loss_curves(runs: dict[str, list[Path]], out_dir: Path) -> Path:
     return save_figure(fig, (by_step, by_time), (by_step,), out_dir / "loss_curves.png")
 
 
-def layer_norms(row: dict[str, float]) -> list[float]:
-    keys = sorted(k for k in row if k.startswith("grad_norm/layer_"))
-    return [row[k] for k in keys]
+GRAD_NORMS = "grad_norm/layer_"  # metrics.csv: the gradient norm of each block's matrices, before clipping
+STREAM_RMS = "stream_rms/layer_"  # metrics.csv: the RMS of the residual stream leaving each block
+
+
+def layer_values(row: dict[str, float], prefix: str = GRAD_NORMS) -> list[float]:
+    """A logged row's per-block values of the metric ``prefix``, block 0 first."""
+    return [row[k] for k in sorted(k for k in row if k.startswith(prefix))]
+
+
+def rows_with(run_dir: Path, prefix: str) -> list[dict[str, float]]:
+    """The rows of a run's metrics.csv that log the per-block metric ``prefix``."""
+    return [r for r in read_metrics(run_dir) if any(k.startswith(prefix) for k in r)]
 
 
 def plot_grad_norms(runs: dict[str, list[Path]], out_dir: Path) -> Path:
+    """Per-layer gradient norms at step 0 (the initialization) and late in training, one run per recipe."""
+    titles = ("per-layer gradient norm at step 0 (initialization)", "per-layer gradient norm late in training")
+    return plot_first_and_last(runs, GRAD_NORMS, titles, "||grad W||", out_dir / "grad_norms.png")
+
+
+def plot_stream_rms(runs: dict[str, list[Path]], out_dir: Path) -> Path | None:
+    """The residual stream's RMS after each block, at step 0 and at the last logged step, one run per recipe
+    (None where no run logged it: runs from before it was recorded)."""
+    if not any(rows_with(run_dirs[0], STREAM_RMS) for run_dirs in runs.values()):
+        return None
+    titles = ("residual stream RMS after each block, step 0", "the same at the last logged step")
+    return plot_first_and_last(runs, STREAM_RMS, titles, "RMS", out_dir / "stream_rms.png")
+
+
+def plot_first_and_last(runs: dict[str, list[Path]], prefix: str, titles: tuple[str, str], ylabel: str,
+                        path: Path) -> Path:  # fmt: skip
+    """The per-block metric ``prefix`` of each recipe's first run: its first logged row left, its last right."""
     fig, (early, late) = plt.subplots(1, 2, figsize=(12, 4.5), dpi=90, sharey=True)
     colors = recipe_colors(runs)
     for recipe, run_dirs in sorted(runs.items()):
-        rows = [r for r in read_metrics(run_dirs[0]) if any(k.startswith("grad_norm/layer_") for k in r)]
+        rows = rows_with(run_dirs[0], prefix)
         if not rows:
             continue
-        color = colors[recipe]
         first, last = rows[0], rows[-1]
-        early.plot(layer_norms(first), marker="o", ms=3, color=color, label=recipe)
-        late.plot(layer_norms(last), marker="o", ms=3, color=color, label=f"{recipe} (step {last['step']:.0f})")
-    early.set(title="per-layer gradient norm at step 0 (initialization)", xlabel="block", ylabel="||grad W||",
-              yscale="log")  # fmt: skip
-    late.set(title="per-layer gradient norm late in training", xlabel="block", yscale="log")
-    return save_figure(fig, (early, late), (early, late), out_dir / "grad_norms.png")
+        early.plot(layer_values(first, prefix), marker="o", ms=3, color=colors[recipe], label=recipe)
+        late.plot(layer_values(last, prefix), marker="o", ms=3, color=colors[recipe],
+                  label=f"{recipe} (step {last['step']:.0f})")  # fmt: skip
+    early.set(title=titles[0], xlabel="block", ylabel=ylabel, yscale="log")
+    late.set(title=titles[1], xlabel="block", yscale="log")
+    return save_figure(fig, (early, late), (early, late), path)
 
 
 def plot_lr_sensitivity(grid: list[dict], unigram: float | None, out_dir: Path) -> Path:
@@ -316,25 +341,39 @@ def plot_depth_grad_norms(runs: dict[tuple[str, int], Path], out_dir: Path) -> P
     """Per-layer gradient norms at each depth, from one run per (recipe, depth) at its chosen setting:
     metrics.csv's first logged row (step 0, the initialization, before any update) on top, its last row
     (late in training) below; a column per depth, a line per recipe."""
+    return plot_depth_by_block(runs, GRAD_NORMS, "||grad W||", out_dir / "depth_grad_norms.png")
+
+
+def plot_depth_stream_rms(runs: dict[tuple[str, int], Path], out_dir: Path) -> Path | None:
+    """The residual stream's RMS after each block at each depth (LayerNorm Scaling's Fig. 1), laid out as
+    ``plot_depth_grad_norms``; None where no run logged it."""
+    if not any(rows_with(run_dir, STREAM_RMS) for run_dir in runs.values()):
+        return None
+    return plot_depth_by_block(runs, STREAM_RMS, "residual stream RMS", out_dir / "depth_stream_rms.png")
+
+
+def plot_depth_by_block(runs: dict[tuple[str, int], Path], prefix: str, ylabel: str, path: Path) -> Path:
+    """The per-block metric ``prefix`` of one run per (recipe, depth): step 0 on top, the last logged step
+    below; a column per depth, a line per recipe, log scale."""
     depths = sorted({depth for _, depth in runs})
     fig, axes = plt.subplots(2, max(len(depths), 1), figsize=(4 * max(len(depths), 1), 7), dpi=90, squeeze=False)
     colors = recipe_colors(recipe for recipe, _ in runs)
     for (recipe, depth), run_dir in sorted(runs.items()):
-        rows = [r for r in read_metrics(run_dir) if any(k.startswith("grad_norm/layer_") for k in r)]
+        rows = rows_with(run_dir, prefix)
         if not rows:
             continue
         col = depths.index(depth)
         for ax, row in ((axes[0][col], rows[0]), (axes[1][col], rows[-1])):
-            norms = layer_norms(row)
-            ax.plot(range(len(norms)), norms, marker="o", ms=2, color=colors[recipe], label=recipe)
+            values = layer_values(row, prefix)
+            ax.plot(range(len(values)), values, marker="o", ms=2, color=colors[recipe], label=recipe)
     for col, depth in enumerate(depths):
-        axes[0][col].set(title=f"{depth} blocks: step 0 (initialization)", yscale="log", ylabel="||grad W||")
+        axes[0][col].set(title=f"{depth} blocks: step 0 (initialization)", yscale="log", ylabel=ylabel)
         axes[1][col].set(title=f"{depth} blocks: last logged step", yscale="log", xlabel="block (0: input side)",
-                         ylabel="||grad W||")  # fmt: skip
+                         ylabel=ylabel)  # fmt: skip
     flat = list(axes.flat)
     for ax in flat:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    return save_figure(fig, flat, flat[:1], out_dir / "depth_grad_norms.png")
+    return save_figure(fig, flat, flat[:1], path)
 
 
 def plot_layer_contribution(rows: list[dict], out_dir: Path) -> Path:

@@ -53,6 +53,11 @@ class Placement(nn.Module):
         """The residual stream entering block 0, from the embeddings x (B, T, C)."""
         return x
 
+    @staticmethod
+    def residual(stream: Stream) -> torch.Tensor:
+        """The tensor (B, T, C) whose growth with depth is measured (the residual stream's RMS): the stream."""
+        return stream
+
     @classmethod
     def build_readout(cls, make_norm: Callable[[], Norm]) -> nn.Module:
         """Maps the stream leaving the last block to the LM head's input (B, T, C)."""
@@ -331,6 +336,10 @@ class ResiDual(Placement):
     @staticmethod
     def embed(x: torch.Tensor) -> Stream:
         return x, torch.zeros_like(x)
+
+    @staticmethod
+    def residual(stream: Stream) -> torch.Tensor:
+        return stream[1]  # the un-normed dual stream: x is renormalized after every sublayer
 
     @classmethod
     def build_readout(cls, make_norm: Callable[[], Norm]) -> nn.Module:

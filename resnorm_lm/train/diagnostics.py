@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from resnorm_lm.model.gpt import GPT
 
@@ -42,3 +43,34 @@ def grad_norms_at_init(model: GPT, idx: torch.Tensor, targets: torch.Tensor) -> 
     _, loss = model(idx, targets)
     loss.backward()
     return per_layer_grad_norms(model)
+
+
+class StreamRMS:
+    """The RMS of the residual stream leaving each block (the growth with depth that LayerNorm Scaling sets out
+    to curb: Sun et al. 2025, Fig. 1), read by forward hooks on the blocks in the forward passes run while
+    ``active``. The hooks stay registered (a compiled model guards on ``active`` and keeps one graph for each
+    value); inactive, they do nothing."""
+
+    def __init__(self, model: GPT) -> None:
+        self.active = False
+        self.values: list[torch.Tensor] = []  # 0-dim fp32, on the device: n_layer per forward pass
+        self.n_layer = len(model.blocks)
+        residual = model.placement_cls.residual
+        for block in model.blocks:
+            block.register_forward_hook(self._hook(residual))
+
+    def _hook(self, residual):
+        def record(block: nn.Module, args: tuple, stream) -> None:
+            if self.active:
+                self.values.append(residual(stream).detach().float().square().mean().sqrt())
+
+        return record
+
+    def take(self) -> list[torch.Tensor]:
+        """Per block (block 0 first), the RMS averaged over the forward passes recorded since the last take
+        (the micro-batches of one step); empty if none were. Device tensors: read them back in one sync."""
+        values, self.values = self.values, []
+        if not values:
+            return []
+        per_pass = torch.stack(values).view(-1, self.n_layer)  # (passes, n_layer)
+        return list(per_pass.mean(0).unbind())

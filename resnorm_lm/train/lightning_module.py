@@ -16,7 +16,7 @@ from resnorm_lm.model.gpt import GPT, GPTConfig
 from resnorm_lm.model.loss import IGNORE_INDEX
 from resnorm_lm.train.clipping import ClipRecord
 from resnorm_lm.train.device_verdicts import DeviceVerdicts, ReadVerdicts
-from resnorm_lm.train.diagnostics import grad_norms
+from resnorm_lm.train.diagnostics import StreamRMS, grad_norms
 from resnorm_lm.train.faults import DivergenceConfig, DivergenceGuard, LossWindow
 from resnorm_lm.train.optim import OptimConfig, build_optimizer
 from resnorm_lm.train.resume import arch_differences
@@ -87,7 +87,8 @@ class LanguageModel(L.LightningModule):
     Args:
         arch: the model architecture (norm, backend, placement, sizes).
         optim: optimizer and learning-rate schedule.
-        log_grad_norms: log total and per-layer gradient norms every ``log_every_n_steps``.
+        log_grad_norms: log total and per-layer gradient norms, and the RMS of the residual stream leaving each
+            block, every ``log_every_n_steps``.
         divergence: when a step's loss counts as diverged (NaN/Inf, or a factor above its running minimum),
             whether a bad step stops the run or is skipped, and where it is judged (host, or on the
             device with the fused optimizer skipping it there: resnorm_lm/train/device_verdicts.py). A step
@@ -116,6 +117,7 @@ class LanguageModel(L.LightningModule):
         self.log_grad_norms = log_grad_norms
         self.save_hyperparameters({"arch": asdict(self.arch), "optim": asdict(self.optim)})
         self.model = GPT(self.arch)
+        self.stream_rms = StreamRMS(self.model)  # read in the training forward of logging steps
         self.train_seconds_before = 0.0  # wall time of earlier segments of a resumed run
         self.tokens_seen: int | None = 0  # training tokens consumed on all ranks (None: resumed from an old file)
         self.schedule_steps: int | None = None  # the max_steps of the LR schedule: a resumed run keeps its own
@@ -131,7 +133,9 @@ class LanguageModel(L.LightningModule):
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch  # (B, T) each
+        self.stream_rms.active = self._logs_diagnostics()
         _, loss = self.model(x, y)
+        self.stream_rms.active = False
         self.losses.add(loss)
         # never None (Lightning refuses that under DDP): a bad step is skipped whole at its optimizer step
         if not self.trainer.fit_loop._should_accumulate():  # Lightning's own test: it steps after this micro-batch
@@ -165,9 +169,13 @@ class LanguageModel(L.LightningModule):
             optimizer.zero_grad(set_to_none=True)
             self.drop_step = False
 
+    def _logs_diagnostics(self) -> bool:
+        """Whether this step logs the per-block diagnostics (gradient norms, the residual stream's RMS)."""
+        return self.log_grad_norms and self.trainer.global_step % max(self.trainer.log_every_n_steps, 1) == 0
+
     def _log_grad_norms(self) -> None:
         trainer = self.trainer
-        if not self.log_grad_norms or trainer.global_step % max(trainer.log_every_n_steps, 1) != 0:
+        if not self._logs_diagnostics():
             return
         total, per_layer = grad_norms(self.model)  # one host sync for all of them
         metrics = {"grad_norm/total": total}  # before clipping
@@ -178,6 +186,9 @@ class LanguageModel(L.LightningModule):
             steps, clipped = self.clips.counts  # the steps before this one
             metrics["clip/fraction"] = clipped / steps
         metrics.update({f"grad_norm/layer_{i:02d}": g for i, g in enumerate(per_layer)})
+        stream = self.stream_rms.take()  # this step's forward passes
+        if stream:
+            metrics.update({f"stream_rms/layer_{i:02d}": r for i, r in enumerate(torch.stack(stream).tolist())})
         self.log_dict(metrics, on_step=True, on_epoch=False)
 
     def configure_optimizers(self):
