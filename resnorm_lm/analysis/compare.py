@@ -913,8 +913,13 @@ def main(argv: list[str] | None = None) -> int:
     write_csv_atomic(out_dir / "grid.csv", grid)
     own_depths = {r: recipe_depth(r, profile) for r in args.recipes}
     write_tuned_overlays(table, grid, out_dir / "tuned", profile, command, hardware, own_depths)
-    from resnorm_lm.analysis.plots import (plot_clipping, plot_grad_norms, plot_loss_curves, plot_lr_sensitivity,
-                                           plot_stream_rms)  # fmt: skip
+    from resnorm_lm.analysis.plots import (
+        plot_clipping,
+        plot_grad_norms,
+        plot_loss_curves,
+        plot_lr_sensitivity,
+        plot_stream_rms,  # fmt: skip
+    )
 
     depths = bool(args.depths)
     at_chosen = {arm_label(sel, depths): [d for _, d in chosen_runs(sel, runs)] for sel in selections.values()}
