@@ -153,8 +153,16 @@ def test_smoke_run_writes_its_run_directory_and_result_line(tmp_path, corpus, ca
     losses = train_losses(run_dir)
     assert sorted(losses) == list(range(6)) and all(l == l for l in losses.values())
     header = (run_dir / "metrics.csv").read_text().splitlines()[0]
-    for key in ("grad_norm/total", "grad_norm/layer_00", "grad_norm/layer_11", "stream_rms/layer_00",
-                "stream_rms/layer_11", "lr-AdamW", "val/bpb", "val/ppl"):
+    for key in (
+        "grad_norm/total",
+        "grad_norm/layer_00",
+        "grad_norm/layer_11",
+        "stream_rms/layer_00",
+        "stream_rms/layer_11",
+        "lr-AdamW",
+        "val/bpb",
+        "val/ppl",
+    ):
         assert key in header, key
 
 
