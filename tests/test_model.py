@@ -130,7 +130,7 @@ def test_init_follows_gpt2():
         (dict(vocab_size=2.5), "vocab_size must be a positive integer"),
         (dict(dropout=1.0), r"dropout must be in \[0, 1\)"),
         (dict(norm_eps=0), "norm_eps must be > 0"),
-        (dict(norm="group"), "unknown norm 'group'; valid norms: dyt, dyt_llm, layernorm"),
+        (dict(norm="group"), "unknown norm 'group'; valid norms: dyt, dyt_llm, dyt_lnout, layernorm"),
         (dict(norm="dyt", norm_backend="triton"), "norm_backend 'triton' implements layernorm and rmsnorm, not 'dyt'"),
     ],
 )
@@ -166,3 +166,18 @@ def test_dyt_llm_is_set_up_as_the_reference_llama_code_sets_it():
     plain = tiny(norm="dyt")
     assert isinstance(plain.embed_scale, torch.nn.Identity)
     assert {n.alpha.item() for b in plain.blocks for n in b.placement.norms} == {0.5}
+
+
+def test_dyt_lnout_keeps_dyt_in_the_blocks_and_a_layernorm_at_the_readout():
+    from resnorm_lm.model.norms import DynamicTanh, LayerNorm
+
+    model = tiny(norm="dyt_lnout")
+    assert all(type(n) is not LayerNorm and isinstance(n, DynamicTanh) for b in model.blocks for n in b.placement.norms)
+    assert type(model.readout) is LayerNorm
+    plain = tiny(norm="dyt")
+    plain.readout = LayerNorm(plain.config.n_embd)  # the same model built by hand: the same function
+    plain.load_state_dict(model.state_dict())
+    idx = torch.randint(0, 97, (2, 9))
+    torch.testing.assert_close(model(idx)[0], plain(idx)[0], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="use it with placement: prenorm"):
+        tiny(norm="dyt_lnout", placement="postnorm")

@@ -185,7 +185,9 @@ def test_parameters_match_torch_semantics():
 
 
 def test_unknown_norm_lists_valid_names():
-    with pytest.raises(ValueError, match="unknown norm 'batchnorm'.*dyt, dyt_llm, layernorm, none, rmsnorm, scalenorm"):
+    with pytest.raises(
+        ValueError, match="unknown norm 'batchnorm'.*dyt, dyt_llm, dyt_lnout, layernorm, none, rmsnorm, scalenorm"
+    ):
         build_norm("batchnorm", 8)
 
 

@@ -33,7 +33,13 @@ def corpus(tmp_path_factory) -> str:
 def test_the_promised_recipes_and_profiles_exist():
     placements = ["prenorm", "postnorm", "sandwich", "deepnorm", "rezero", "mixln", "lns", "b2t", "resi_dual"]
     expected = {f"{p}-12l" for p in placements + ["noresidual"]}
-    expected |= {"prenorm-12l-rmsnorm", "prenorm-12l-scalenorm", "prenorm-12l-dyt", "prenorm-12l-dyt-llm"}
+    expected |= {
+        "prenorm-12l-rmsnorm",
+        "prenorm-12l-scalenorm",
+        "prenorm-12l-dyt",
+        "prenorm-12l-dyt-llm",
+        "prenorm-12l-dyt-lnout",
+    }
     expected |= {"postnorm-12l-rmsnorm"}
     expected |= {"prenorm-12l-triton", "postnorm-12l-triton", "postnorm-12l-nowarmup", "prenorm-12l-nowarmup"}
     expected |= {"prenorm-24l", "postnorm-24l", "deepnorm-24l"}
@@ -367,7 +373,7 @@ def test_every_variant_in_the_repository_names_a_base_that_exists_and_a_run_reco
     from resnorm_lm.train.recipes import available_recipes, recipe_base, tuned_setting
 
     bases = {r: recipe_base(r) for r in available_recipes()}
-    prenorm_variants = ("rmsnorm", "scalenorm", "dyt", "dyt-llm", "triton")
+    prenorm_variants = ("rmsnorm", "scalenorm", "dyt", "dyt-llm", "dyt-lnout", "triton")
     for variant in [f"prenorm-12l-{v}" for v in prenorm_variants] + ["postnorm-12l-rmsnorm", "postnorm-12l-triton"]:
         assert bases[variant] == variant.split("-")[0] + "-12l"
         assert tuned_setting(variant, "cpu")[0] is not None  # never the profile's untuned 2e-3 in silence

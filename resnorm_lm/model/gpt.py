@@ -29,7 +29,7 @@ class GPTConfig:
     n_embd: int = 256  # model width C
     dropout: float = 0.0  # on attention weights, sublayer outputs and embeddings
     bias: bool = True  # biases in Linear layers and norms (False: no bias parameters at all)
-    norm: str = "layernorm"  # layernorm | rmsnorm | scalenorm | dyt | dyt_llm | none
+    norm: str = "layernorm"  # layernorm | rmsnorm | scalenorm | dyt | dyt_llm | dyt_lnout | none
     norm_backend: str = "torch"  # torch | triton
     norm_eps: float = 1e-5  # inside the square root: (x - mean) / sqrt(var + eps)
     tie_embeddings: bool = True  # the LM head shares the token embedding matrix (False: its own matrix)

@@ -135,6 +135,21 @@ class DynamicTanhLLM(DynamicTanh):
         return LearnedScalar(math.sqrt(dim))
 
 
+@NORMS.register("dyt_lnout")
+class DynamicTanhLayerNormReadout(DynamicTanh):
+    """DyT (alpha 0.5, with bias) in the blocks and a LayerNorm at the readout: a diagnostic, not a paper's
+    setting. It shows where DyT loses a small LM: pre-norm's stream grows to an RMS of tens, the readout's tanh
+    saturates, and no gradient reaches the blocks through it (docs/results.md, "The norms at 12 layers")."""
+
+    needs_roles = True
+
+    @classmethod
+    def for_role(cls, role: str | None, dim: int, *, eps: float = 1e-5, bias: bool = True) -> Norm:
+        if role == "final":
+            return LayerNorm(dim, eps=eps, bias=bias)
+        return cls(dim, eps=eps, bias=bias)
+
+
 class LearnedScalar(nn.Module):
     """``g * x`` with one learnable scalar g."""
 
