@@ -1,5 +1,5 @@
 """The ``resnorm-lm`` command: ``fit``/``validate``/``test`` (``train.lightning_cli``) and ``eval``, ``compare``,
-``generate`` (the ``analysis`` wing).
+``generate``, ``at-init`` (the ``analysis`` wing).
 
     resnorm-lm fit --recipe prenorm-12l --profile auto [--seed_everything 1] [--ckpt_path last] [overrides]
 
@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         "eval": "resnorm_lm.analysis.evaluate",
         "compare": "resnorm_lm.analysis.compare",
         "generate": "resnorm_lm.analysis.sample_cli",
+        "at-init": "resnorm_lm.analysis.at_init",
     }
     if args and args[0] in tools:  # subcommands beside LightningCLI's fit / validate / test
         import importlib

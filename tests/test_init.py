@@ -47,6 +47,8 @@ EXPECTED = {
     "xavier": {"q": XAVIER_QKV, "k": XAVIER_QKV, "v": XAVIER_QKV, "attn_out": XAVIER_OUT, **DEFAULT_LINEAR,
                "wte": EMBED, "wpe": EMBED, "head": EMBED},
 }  # fmt: skip
+EXPECTED["xavier_rescaled"] = {kind: std * (N**-0.5 if kind not in ("wte", "wpe", "head") else 1.0)
+                               for kind, std in EXPECTED["xavier"].items()}  # fmt: skip
 
 
 def test_every_registered_init_has_its_expected_stds():
@@ -91,7 +93,7 @@ def test_deepnorm_divides_whatever_the_init_set_by_its_beta(init):
 
 
 def test_an_unknown_init_lists_the_valid_ones():
-    with pytest.raises(ValueError, match="unknown init 'kaiming'; valid inits: gpt2, plain, xavier"):
+    with pytest.raises(ValueError, match="unknown init 'kaiming'; valid inits: gpt2, plain, xavier, xavier_rescaled"):
         GPTConfig(init="kaiming")
 
 

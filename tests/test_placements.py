@@ -191,6 +191,30 @@ def test_resi_dual_two_streams_and_readout(toys, x):
     torch.testing.assert_close(readout((xo, do)), xo + F.layer_norm(do, (C,)))
 
 
+def test_rezero_shared_gates_both_sublayers_with_one_scalar(toys, x):
+    p = make_placement("rezero_shared")
+    torch.testing.assert_close(p(x, toys), x)
+    assert list(p.gates.shape) == [1]
+    with torch.no_grad():
+        p.gates.fill_(0.5)
+    f, g = toys
+    h = x + 0.5 * f(x)
+    torch.testing.assert_close(p(x, toys), h + 0.5 * g(h))
+
+
+def test_resi_dual_embed_starts_its_dual_stream_at_the_embeddings(toys, x):
+    p = make_placement("resi_dual_embed")
+    f, g = toys
+    stream = p.embed(x)
+    torch.testing.assert_close(stream[1], x)
+    xo, do = p(stream, toys)
+    o1 = f(x)
+    o2 = g(ln(p.norms[0], x + o1))
+    torch.testing.assert_close(do, x + o1 + o2)  # ResiDual's sum, plus the embeddings
+    readout = type(p).build_readout(lambda: LayerNorm(C))
+    torch.testing.assert_close(readout((xo, do)), xo + F.layer_norm(do, (C,)))
+
+
 @pytest.mark.parametrize(
     "name, final_norm",
     [
@@ -203,6 +227,7 @@ def test_resi_dual_two_streams_and_readout(toys, x):
         ("lns", True),
         ("b2t", False),
         ("noresidual", False),
+        ("rezero_shared", False),
     ],
 )
 def test_final_norm_only_where_the_formula_has_one(name, final_norm):
@@ -222,6 +247,8 @@ def test_every_registered_placement_is_tested_for_its_readout():
         "lns",
         "b2t",
         "resi_dual",
+        "resi_dual_embed",
+        "rezero_shared",
         "noresidual",
     }
 

@@ -86,3 +86,15 @@ class XavierInit(InitRule):
             nn.init.xavier_uniform_(attn.c_proj.weight)
             if attn.c_proj.bias is not None:
                 nn.init.zeros_(attn.c_proj.bias)
+
+
+@INITS.register("xavier_rescaled")
+class XavierRescaledInit(XavierInit):
+    """``xavier``, then every weight matrix of each block (q, k, v, the attention output and the MLP's two)
+    multiplied by N^-1/2, biases and norms untouched: B2T's reference init (takase/b2t_connection,
+    ``fairseq/modules/transformer_layer.py``, ``rescaling_init``, on fairseq's Xavier-initialized layers)."""
+
+    def scale_branch_outputs(self, attn: nn.Module, mlp: nn.Module, n_layer: int) -> None:
+        with torch.no_grad():
+            for linear in (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj):
+                linear.weight.mul_(n_layer**-0.5)

@@ -223,6 +223,25 @@ class ReZero(FinalOutputIsNormed, SublayerPlacement):
         return x + self.gates[i] * f(x)
 
 
+@PLACEMENTS.register("rezero_shared")
+class ReZeroShared(ReZero):
+    """ReZero as its reference code has it (majumderb/rezero, ``rztx.py``: one ``resweight`` per layer): one gate
+    shared by a block's attention and MLP::
+
+        x = x + a * Attn(x);   x = x + a * MLP(x),   a = 0 at init
+
+        x ──┬──> F ──> * a ──(+)──>     (the same a for both sublayers)
+            └─────────────────┘
+    """
+
+    def __init__(self, ctx: BlockContext) -> None:
+        SublayerPlacement.__init__(self, ctx)
+        self.gates = nn.Parameter(torch.zeros(1))  # one scalar a per block
+
+    def step(self, x: torch.Tensor, f: Sublayer, i: int) -> torch.Tensor:
+        return x + self.gates[0] * f(x)
+
+
 @PLACEMENTS.register("mixln")
 class MixLN(Placement):
     """Mix-LN (arXiv 2412.13795): post-norm in the first blocks, pre-norm after::
@@ -352,6 +371,22 @@ class ResiDual(Placement):
             x, _ = norm.add_norm(x, o)
             d = d + o
         return x, d
+
+
+@PLACEMENTS.register("resi_dual_embed")
+class ResiDualFromEmbedding(ResiDual):
+    """ResiDual as its reference code starts it (microsoft/ResiDual, ``resi_dual.py``: ``res = x *
+    res_input_norm_scale``, scale 1.0): the dual stream holds the embeddings too::
+
+        d_0 = x_0 (the embeddings), then as ResiDual: d' = d + o;  output = x_N + LN(d_N)
+
+        x_0 ──┬──> post-norm stream x ──────────────(+)──> head
+              └──> d ──(+ o)── ... ──(+ o)──> LN ────┘
+    """
+
+    @staticmethod
+    def embed(x: torch.Tensor) -> Stream:
+        return x, x
 
 
 @PLACEMENTS.register("noresidual")

@@ -51,6 +51,14 @@ def recipe_base(recipe: str, root: Path = RECIPES_DIR) -> str | None:
     return base
 
 
+def recipe_optim(recipe: str, root: Path = RECIPES_DIR) -> dict:
+    """What the recipe file itself sets under ``model.optim`` (a reference recipe's own LR and warmup)."""
+    import yaml
+
+    config = yaml.safe_load(recipe_path(recipe, root).read_text()) or {}
+    return dict((config.get("model") or {}).get("optim") or {})
+
+
 def tuned_setting(recipe: str, profile: str, root: Path = RECIPES_DIR) -> tuple[Path | None, str]:
     """The tuned overlay a run of ``recipe`` at ``profile`` gets, and a line that says which and from where: the
     recipe's own, else its base's (the same arithmetic but for what the variant changes), else none (the profile's
@@ -64,6 +72,10 @@ def tuned_setting(recipe: str, profile: str, root: Path = RECIPES_DIR) -> tuple[
         return inherited, (f"{recipe} has no tuned setting at the {profile} profile; it takes its base {base}'s: "
                            f"{overlay_values(inherited)} ({shown(inherited, root)})")  # fmt: skip
     nor = f" (nor has its base {base})" if base is not None else ""
+    own_optim = {k: v for k, v in recipe_optim(recipe, root).items() if k in ("lr", "warmup_steps")}
+    if own_optim:
+        values = ", ".join(f"{k} {v}" for k, v in own_optim.items())
+        return None, f"{recipe} has no tuned setting at the {profile} profile{nor}: it sets its own {values}"
     return None, (f"{recipe} has no tuned setting at the {profile} profile{nor}: its LR and warmup are the "
                   f"profile's untuned defaults; `make compare` tunes them")  # fmt: skip
 
