@@ -23,8 +23,9 @@ def test_a_measurement_is_one_backward_pass_of_the_model_at_its_init():
 
 def test_the_command_writes_a_row_per_block_a_table_and_two_figures(tmp_path):
     out = tmp_path / "out"
+    shape = ["--width", "32", "--batch", "2", "--length", "16", "--vocab", "64", "--out", str(out)]
     argv = ["--placements", "postnorm", "prenorm", "--inits", "gpt2", "xavier", "--depths", "1", "3", "--seeds",
-            "1", "2", "--width", "32", "--batch", "2", "--length", "16", "--vocab", "64", "--out", str(out)]  # fmt: skip
+            "1", "2", *shape]  # fmt: skip
     assert at_init.main(argv) == 0
     rows = list(csv.DictReader((out / "at_init.csv").open()))
     assert len(rows) == 2 * 2 * (1 + 3)
