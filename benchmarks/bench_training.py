@@ -415,6 +415,13 @@ PLACEMENT_SHAPES = {
 }
 
 
+def print_step_rows(rows: list[dict], columns: tuple[tuple[str, int], ...]) -> None:
+    """One line per ``bench_steps`` row: the named columns at their widths, compile, the step time, the ratio."""
+    for r in rows:
+        named = " ".join(f"{r[key]:{width}}" for key, width in columns)
+        print(f"  {named} compile={str(r['compile']).lower():5} {r['step_s']:.4f} s  x{r['ratio']:.2f}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer steps, rounds and widths")
@@ -486,9 +493,7 @@ def main() -> int:
                                  relative_to={"placement": "prenorm"})  # fmt: skip
         print(f"step time by placement ({profile}-profile model, precision as `auto` picks, fwd+bwd+AdamW), "
               "relative to prenorm with the same backend and compile setting:")  # fmt: skip
-        for r in placements:
-            print(f"  {r['placement']:11} {r['norm_backend']:7} compile={str(r['compile']).lower():5} "
-                  f"{r['step_s']:.4f} s  x{r['ratio']:.2f}")  # fmt: skip
+        print_step_rows(placements, (("placement", 11), ("norm_backend", 7)))
         write_csv(f"placements_{profile}.csv", placements)
         written.append(f"placements_{profile}.csv")
 
@@ -501,9 +506,7 @@ def main() -> int:
                            relative_to={"norm": "layernorm"})  # fmt: skip
         print(f"step time by norm ({profile}-profile model, precision as `auto` picks, fwd+bwd+AdamW, timed in "
               "turn), relative to LayerNorm in the same placement and compile setting:")  # fmt: skip
-        for r in rows:
-            print(f"  {r['placement']:9} {r['norm']:10} compile={str(r['compile']).lower():5} "
-                  f"{r['step_s']:.4f} s  x{r['ratio']:.2f}")  # fmt: skip
+        print_step_rows(rows, (("placement", 9), ("norm", 10)))
         write_csv(f"norm_steps_{profile}.csv", rows)
         written.append(f"norm_steps_{profile}.csv")
         print()
