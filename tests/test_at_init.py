@@ -48,3 +48,10 @@ def test_bad_arguments_are_refused_with_what_was_wrong(capsys):
     with pytest.raises(SystemExit):
         at_init.main(["--placements", "layernorm"])
     assert "invalid choice: 'layernorm'" in capsys.readouterr().err
+
+
+def test_a_placement_whose_blocks_get_no_gradient_at_init_has_no_ratio():
+    rows = [{"placement": "rezero", "init": "gpt2", "n_layer": 2, "block": b, "grad_norm": 0.0, "stream_rms": 0.02}
+            for b in range(2)]  # fmt: skip
+    (row,) = at_init.summary(rows)  # ReZero's zero gates: its blocks' matrices get no gradient
+    assert row["grad last/first"] == "-" and row["RMS last/first"] == "1.00"

@@ -71,10 +71,15 @@ def summary(rows: list[dict]) -> list[dict]:
         first, last = mine[0], mine[-1]
         out.append({"placement": placement, "init": init, "blocks": depth,
                     "grad first": f"{first['grad_norm']:.3g}", "grad last": f"{last['grad_norm']:.3g}",
-                    "grad last/first": f"{last['grad_norm'] / first['grad_norm']:.2f}",
+                    "grad last/first": ratio(last["grad_norm"], first["grad_norm"]),
                     "stream RMS first": f"{first['stream_rms']:.3g}", "stream RMS last": f"{last['stream_rms']:.3g}",
-                    "RMS last/first": f"{last['stream_rms'] / first['stream_rms']:.2f}"})  # fmt: skip
+                    "RMS last/first": ratio(last["stream_rms"], first["stream_rms"])})  # fmt: skip
     return out
+
+
+def ratio(a: float, b: float) -> str:
+    """a / b to two decimals; "-" where b is 0 (ReZero's blocks get no gradient while their gates are 0)."""
+    return f"{a / b:.2f}" if b else "-"
 
 
 def markdown_table(rows: list[dict]) -> str:
@@ -108,6 +113,21 @@ def plot(rows: list[dict], key: str, ylabel: str, path: Path) -> Path:
     return save_figure(fig, flat, flat[:1], path)
 
 
+def write_outputs(rows: list[dict], out: Path, command: str, args: argparse.Namespace) -> None:
+    """at_init.csv, at_init.md and the two figures, under ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv_atomic(out / "at_init.csv", rows)
+    with atomic_write(out / "at_init.md", "w") as f:
+        f.write(f"# Every placement at initialization\n\n`{command}`\n\n"
+                f"Width {args.width}, {args.batch} x {args.length} random tokens of {args.vocab}, mean of seeds "
+                f"{', '.join(map(str, args.seeds))}. Gradient norm: of each block's weight matrices after one "
+                "backward pass; stream RMS: of the residual stream leaving each block (ResiDual: its dual "
+                "stream).\n\n")  # fmt: skip
+        f.write(markdown_table(summary(rows)))
+    plot(rows, "grad_norm", "||grad W|| of the block", out / "at_init_grad_norms.png")
+    plot(rows, "stream_rms", "stream RMS after the block", out / "at_init_stream_rms.png")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="resnorm-lm at-init", description=__doc__.split("\n\n")[0])
     parser.add_argument("--placements", nargs="+", default=PLACEMENTS.names(), choices=PLACEMENTS.names())
@@ -124,18 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("depths, width, batch and length must be positive")
     rows = rows_for(args.placements, args.inits, args.depths, args.seeds, width=args.width, batch=args.batch,
                     length=args.length, vocab=args.vocab)  # fmt: skip
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_csv_atomic(args.out / "at_init.csv", rows)
     command = "python -m resnorm_lm at-init " + " ".join(argv if argv is not None else sys.argv[1:])
-    with atomic_write(args.out / "at_init.md", "w") as f:
-        f.write(f"# Every placement at initialization\n\n`{command.strip()}`\n\n"
-                f"Width {args.width}, {args.batch} x {args.length} random tokens of {args.vocab}, mean of seeds "
-                f"{', '.join(map(str, args.seeds))}. Gradient norm: of each block's weight matrices after one "
-                "backward pass; stream RMS: of the residual stream leaving each block (ResiDual: its dual "
-                "stream).\n\n")  # fmt: skip
-        f.write(markdown_table(summary(rows)))
-    plot(rows, "grad_norm", "||grad W|| of the block", args.out / "at_init_grad_norms.png")
-    plot(rows, "stream_rms", "stream RMS after the block", args.out / "at_init_stream_rms.png")
+    write_outputs(rows, args.out, command.strip(), args)
     print(f"at-init: wrote at_init.csv, at_init.md and two figures to {args.out}")
     return 0
 
