@@ -49,7 +49,16 @@ import torch
 
 from resnorm_lm.analysis.evaluate import PRECISIONS, RUN, eval_precision, evaluate_paths
 from resnorm_lm.analysis.layer_contribution import DEFAULT_TOKENS, block_means, group_rows
-from resnorm_lm.analysis.sweep import Arm, RunOutcome, RunSpec, Selection, estimate_seconds, expand_grid, grid_settings
+from resnorm_lm.analysis.sweep import (
+    NOT_LEARNING_NATS,
+    Arm,
+    RunOutcome,
+    RunSpec,
+    Selection,
+    estimate_seconds,
+    expand_grid,
+    grid_settings,
+)
 from resnorm_lm.analysis.sweep import select as select_setting
 from resnorm_lm.data.cache import atomic_write, write_csv_atomic
 from resnorm_lm.train.checkpoints import CheckpointError
@@ -492,7 +501,7 @@ def markdown_report(table: list[dict], grid: list[dict], profile: str, command: 
              "Each recipe at its own setting: the (peak lr, warmup) with the lowest mean validation loss over the "
              "seeds run at it; test is evaluated only at that setting. Mean ± standard deviation over seeds. "
              f"Unigram reference (validation cross-entropy of the train split's token frequencies): "
-             f"{num(unigram, None)} nats; within {0.1} nats of it (or above) is 'not learning'.", "",
+             f"{num(unigram, None)} nats; within {NOT_LEARNING_NATS} nats of it (or above) is 'not learning'.", "",
              "Eval precision: the precision the numbers were measured at (by default each run's training "
              "precision; `--eval-precision` to choose).", "",
              "| recipe | lr | warmup | seeds | val loss | val ppl | val bpb | test ppl | test bpb | eval precision "

@@ -23,6 +23,7 @@ from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT_STR
 from lightning.pytorch.utilities import rank_zero_only
 
 from resnorm_lm.data.cache import write_csv_atomic, write_json_atomic
+from resnorm_lm.model.gpt import count_parameters
 from resnorm_lm.train.checkpoints import CheckpointError, LoadedRun, load_run
 from resnorm_lm.train.precision import (
     AUTO,
@@ -77,7 +78,7 @@ def evaluate_run(run: LoadedRun, splits: list[str], precision: str, devices: int
 
 def training_facts(run: LoadedRun) -> dict[str, Any]:
     """Steps, tokens seen, tokens/s and divergence, from the run directory's records."""
-    facts: dict[str, Any] = {"step": run.global_step, "params": sum(p.numel() for p in run.model.parameters())}
+    facts: dict[str, Any] = {"step": run.global_step, "params": count_parameters(run.model)}
     if run.run_dir is None:
         return facts
     summary_path = run.run_dir / "eval.json"

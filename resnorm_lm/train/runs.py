@@ -18,6 +18,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_only
 
 from resnorm_lm.data.cache import write_json_atomic
+from resnorm_lm.model.gpt import count_parameters
 from resnorm_lm.train.precision import PrecisionChoice, cpu_features, native_bf16_flags
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -136,7 +137,7 @@ class RunManifest(L.Callback):
             **segment,
             "started": earlier.get("started", segment["started"]),  # when the run began
             "data": data,
-            "parameters": sum(p.numel() for p in pl_module.parameters()),
+            "parameters": count_parameters(pl_module),
             "init": pl_module.arch.init,  # how the weights started (model.arch.init)
             "segments": [*segments, segment],
         })  # fmt: skip

@@ -11,6 +11,7 @@ import torch
 
 from resnorm_lm.data.cache import write_json_atomic
 from resnorm_lm.model.generate import stream_text
+from resnorm_lm.model.gpt import count_parameters
 from resnorm_lm.train.runs import RunConfig, result_line, tokens_seen
 
 
@@ -39,7 +40,7 @@ def finish_run(trainer: L.Trainer, model, datamodule, run: RunConfig, run_dir: P
         "tokens": model.tokens_seen
         if model.tokens_seen is not None
         else tokens_seen(trainer, datamodule.batch_size, datamodule.block_size),
-        "params": sum(p.numel() for p in model.parameters()),
+        "params": count_parameters(model),
         "wall_s": round(model.train_seconds(), 1),
         "diverged": diverged is not None or not math.isfinite(metrics.get("val/loss", 0.0)),
         "diverged_at_step": diverged["step"] if diverged else None,
