@@ -191,6 +191,30 @@ def test_resi_dual_two_streams_and_readout(toys, x):
     torch.testing.assert_close(readout((xo, do)), xo + F.layer_norm(do, (C,)))
 
 
+def test_peri_ln_is_sandwich_on_normed_embeddings():
+    cfg = dict(vocab_size=64, block_size=8, n_layer=2, n_head=2, n_embd=16)
+    torch.manual_seed(0)
+    peri = GPT(GPTConfig(placement="peri_ln", **cfg))
+    torch.manual_seed(0)
+    sandwich = GPT(GPTConfig(placement="sandwich", **cfg))
+    assert isinstance(peri.embedding_norm, LayerNorm) and isinstance(sandwich.embedding_norm, nn.Identity)
+    with torch.no_grad():
+        peri.embedding_norm.weight.uniform_(0.5, 1.5)
+        peri.embedding_norm.bias.uniform_(-0.5, 0.5)
+    idx = torch.randint(0, 64, (2, 8))
+    seen = {}
+    peri.blocks[0].register_forward_pre_hook(lambda m, args: seen.setdefault("x", args[0]))
+    peri(idx)
+    x = peri.wte(idx) + peri.wpe(torch.arange(8))  # (B, T, C)
+    torch.testing.assert_close(seen["x"], ln(peri.embedding_norm, x))
+    state = {k: v for k, v in peri.state_dict().items() if not k.startswith("embedding_norm.")}
+    sandwich.load_state_dict(state)  # the same blocks and readout: only the embedding norm is new
+    stream = ln(peri.embedding_norm, x)
+    for block in sandwich.blocks:
+        stream = block(stream)
+    torch.testing.assert_close(peri(idx)[0], sandwich.lm_head(sandwich.readout(stream)))
+
+
 def test_rezero_shared_gates_both_sublayers_with_one_scalar(toys, x):
     p = make_placement("rezero_shared")
     torch.testing.assert_close(p(x, toys), x)
@@ -228,6 +252,7 @@ def test_resi_dual_embed_starts_its_dual_stream_at_the_embeddings(toys, x):
         ("b2t", False),
         ("noresidual", False),
         ("rezero_shared", False),
+        ("peri_ln", True),
     ],
 )
 def test_final_norm_only_where_the_formula_has_one(name, final_norm):
@@ -249,6 +274,7 @@ def test_every_registered_placement_is_tested_for_its_readout():
         "resi_dual",
         "resi_dual_embed",
         "rezero_shared",
+        "peri_ln",
         "noresidual",
     }
 

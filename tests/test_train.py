@@ -44,7 +44,7 @@ def test_the_promised_recipes_and_profiles_exist():
     expected |= {"prenorm-12l-triton", "postnorm-12l-triton", "postnorm-12l-nowarmup", "prenorm-12l-nowarmup"}
     expected |= {"prenorm-24l", "postnorm-24l", "deepnorm-24l"}
     expected |= {f"{p}-{n}l-xavier" for p in ("prenorm", "postnorm", "deepnorm") for n in (12, 24)}
-    expected |= {"b2t-12l-paper", "rezero-12l-paper", "resi_dual-12l-paper"}
+    expected |= {"b2t-12l-paper", "rezero-12l-paper", "resi_dual-12l-paper", "sandwich-12l-paper"}
     assert expected <= set(available_recipes())
     assert {"cpu", "gpu", "smoke"} <= set(available_profiles())
 
@@ -379,6 +379,7 @@ def test_every_variant_in_the_repository_names_a_base_that_exists_and_a_run_reco
         assert bases[variant] == variant.split("-")[0] + "-12l"
         assert tuned_setting(variant, "cpu")[0] is not None  # never the profile's untuned 2e-3 in silence
     assert bases["rezero-12l-paper"] == "rezero-12l" and bases["resi_dual-12l-paper"] == "resi_dual-12l"
+    assert bases["sandwich-12l-paper"] == "sandwich-12l"
     assert bases["b2t-12l-paper"] is None  # its paper's own recipe: no base, its own LR and warmup, said so
     assert tuned_setting("b2t-12l-paper", "cpu") == (None, "b2t-12l-paper has no tuned setting at the cpu profile: "
                                                      "it sets its own lr 0.001, warmup_steps 40")  # fmt: skip

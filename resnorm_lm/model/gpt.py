@@ -33,9 +33,10 @@ class GPTConfig:
     norm_backend: str = "torch"  # torch | triton
     norm_eps: float = 1e-5  # inside the square root: (x - mean) / sqrt(var + eps)
     tie_embeddings: bool = True  # the LM head shares the token embedding matrix (False: its own matrix)
-    init: str = "gpt2"  # gpt2 | plain | xavier: how the weights start (resnorm_lm/model/init.py)
+    init: str = "gpt2"  # gpt2 | plain | xavier | xavier_rescaled: how the weights start (resnorm_lm/model/init.py)
     placement: str = (
-        "prenorm"  # postnorm | prenorm | sandwich | deepnorm | rezero | mixln | lns | b2t | resi_dual | noresidual
+        "prenorm"  # postnorm | prenorm | sandwich | peri_ln | deepnorm | rezero | rezero_shared | mixln | lns | b2t
+        # | resi_dual | resi_dual_embed | noresidual
     )
 
     def __post_init__(self) -> None:
@@ -160,6 +161,7 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.embed_scale = NORM_BACKENDS.get(cfg.norm_backend).norm_class(cfg.norm).input_scale(cfg.n_embd)
         self.blocks = nn.ModuleList([Block(cfg, layer) for layer in range(cfg.n_layer)])
+        self.embedding_norm = placement.build_embedding_norm(norm_factory(cfg))  # Identity but for Peri-LN's
         self.readout = placement.build_readout(norm_factory(cfg))
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -183,7 +185,7 @@ class GPT(nn.Module):
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
         pos = torch.arange(T, device=idx.device)  # (T,)
-        x = self.drop(self.embed_scale(self.wte(idx) + self.wpe(pos)))  # (B, T, C)
+        x = self.drop(self.embedding_norm(self.embed_scale(self.wte(idx) + self.wpe(pos))))  # (B, T, C)
         stream = self.placement_cls.embed(x)
         for block in self.blocks:
             stream = block(stream)

@@ -59,6 +59,11 @@ class Placement(nn.Module):
         return stream
 
     @classmethod
+    def build_embedding_norm(cls, make_norm: Callable[[], Norm]) -> nn.Module:
+        """Applied to the embeddings (B, T, C) before ``embed``: nothing, unless the placement's paper norms them."""
+        return nn.Identity()
+
+    @classmethod
     def build_readout(cls, make_norm: Callable[[], Norm]) -> nn.Module:
         """Maps the stream leaving the last block to the LM head's input (B, T, C)."""
         return make_norm(role="final")  # a final norm, as in GPT-2; post-norm placements override
@@ -157,6 +162,23 @@ class Sandwich(Placement):
         a = self.norms_out[0](attn(self.norms_in[0](x)))
         h, x = self.norms_in[1].add_norm(x, a)  # the add and the next input norm, fused
         return x + self.norms_out[1](mlp(h))
+
+
+@PLACEMENTS.register("peri_ln")
+class PeriLN(Sandwich):
+    """Peri-LN with its optional embedding norm (Kim et al. 2025, arXiv 2502.02732, Sec. 3: ``y_0 =
+    Norm(x_embed)``), so the first block's stream starts at unit RMS like the normed sublayer outputs added to it
+    (the embeddings alone are at std 0.02 under GPT-2's init)::
+
+        x_0 = LN_emb(embeddings);   x = x + LN_out(F(LN_in(x)))
+
+        emb ──> LN_emb ──┬──> LN_in ──> F ──> LN_out ──(+)──> ...
+                         └──────────────────────────────┘
+    """
+
+    @classmethod
+    def build_embedding_norm(cls, make_norm: Callable[[], Norm]) -> nn.Module:
+        return make_norm()
 
 
 @PLACEMENTS.register("deepnorm")
