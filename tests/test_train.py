@@ -44,7 +44,7 @@ def test_the_promised_recipes_and_profiles_exist():
     expected |= {"prenorm-12l-triton", "postnorm-12l-triton", "postnorm-12l-nowarmup", "prenorm-12l-nowarmup"}
     expected |= {"prenorm-24l", "postnorm-24l", "deepnorm-24l"}
     expected |= {f"{p}-{n}l-xavier" for p in ("prenorm", "postnorm", "deepnorm") for n in (12, 24)}
-    expected |= {"b2t-12l-paper", "rezero-12l-paper", "resi_dual-12l-paper", "sandwich-12l-paper"}
+    expected |= {"b2t-12l-paper", "rezero-12l-paper", "resi_dual-12l-paper", "sandwich-12l-paper", "prenorm-12l-plain"}
     assert expected <= set(available_recipes())
     assert {"cpu", "gpu", "smoke"} <= set(available_profiles())
 
