@@ -166,7 +166,7 @@ class Sandwich(Placement):
 
 @PLACEMENTS.register("peri_ln")
 class PeriLN(Sandwich):
-    """Peri-LN with its optional embedding norm (Kim et al. 2025, arXiv 2502.02732, Sec. 3: ``y_0 =
+    """Peri-LN with its optional embedding norm (Kim et al. 2025, arXiv 2502.02732, as an option: ``y_0 =
     Norm(x_embed)``), so the first block's stream starts at unit RMS like the normed sublayer outputs added to it
     (the embeddings alone are at std 0.02 under GPT-2's init)::
 
