@@ -237,12 +237,14 @@ class ReZero(FinalOutputIsNormed, SublayerPlacement):
     At init every block is the identity. No final norm (no norm anywhere).
     """
 
+    n_gates = 2  # one scalar a per sublayer
+
     def __init__(self, ctx: BlockContext) -> None:
         super().__init__(ctx)
-        self.gates = nn.Parameter(torch.zeros(2))  # one scalar a per sublayer
+        self.gates = nn.Parameter(torch.zeros(self.n_gates))
 
     def step(self, x: torch.Tensor, f: Sublayer, i: int) -> torch.Tensor:
-        return x + self.gates[i] * f(x)
+        return x + self.gates[i % self.n_gates] * f(x)
 
 
 @PLACEMENTS.register("rezero_shared")
@@ -256,12 +258,7 @@ class ReZeroShared(ReZero):
             └─────────────────┘
     """
 
-    def __init__(self, ctx: BlockContext) -> None:
-        SublayerPlacement.__init__(self, ctx)
-        self.gates = nn.Parameter(torch.zeros(1))  # one scalar a per block
-
-    def step(self, x: torch.Tensor, f: Sublayer, i: int) -> torch.Tensor:
-        return x + self.gates[0] * f(x)
+    n_gates = 1  # one scalar a per block
 
 
 @PLACEMENTS.register("mixln")
