@@ -1,0 +1,65 @@
+"""A wheel, not the repository: built from the source, installed into a fresh venv, it trains the smoke profile
+from a folder outside the repository, with the recipes it carries inside the package.
+
+Offline and without downloading torch again: the wheel is built with this environment's setuptools (no build
+isolation) and installed with ``--no-deps``; the fresh venv finds the dependencies through a ``.pth`` line naming
+this environment's site-packages (a plain path: the editable install's finder there is not run).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import site
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.train_helpers import write_corpus
+
+REPO = Path(__file__).resolve().parents[1]
+SOURCE = ["pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "resnorm_lm", "recipes"]  # what a build reads
+
+
+def run(*command, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    done = subprocess.run([str(c) for c in command], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"{' '.join(map(str, command))}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done
+
+
+def test_a_wheel_installed_into_a_fresh_venv_trains_the_smoke_profile_outside_the_repository(tmp_path):
+    source = tmp_path / "source"  # a copy: the build's own build/ folder never mixes with the repository's
+    source.mkdir()
+    for name in SOURCE:
+        if (REPO / name).is_dir():
+            shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(REPO / name, source / name)
+    run(sys.executable, "-m", "pip", "--isolated", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+        "--wheel-dir", tmp_path / "dist", source, cwd=tmp_path)  # fmt: skip
+    (wheel,) = (tmp_path / "dist").glob("resnorm_lm-*.whl")
+
+    venv = tmp_path / "venv"
+    run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp_path)
+    python = venv / "bin" / "python"
+    site_packages = Path(run(python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))", cwd=tmp_path)
+                         .stdout.strip())  # fmt: skip
+    (site_packages / "dependencies.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    run(sys.executable, "-m", "pip", "--isolated", "--python", python, "install", "--no-deps", "--no-index", wheel,
+        cwd=tmp_path)  # fmt: skip
+
+    work = tmp_path / "elsewhere"
+    corpus = write_corpus(work / "corpus")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RESNORM_LM_RECIPES")}
+    where = run(python, "-c", "import resnorm_lm.train.recipes as r; print(r.__file__); print(r.RECIPES_DIR)",
+                cwd=work, env=env).stdout.split()  # fmt: skip
+    assert Path(where[0]).is_relative_to(site_packages), where  # the wheel's code, not the repository's
+    assert Path(where[1]) == site_packages / "resnorm_lm" / "recipes", where
+    shipped = sorted(p.relative_to(where[1]).as_posix() for p in Path(where[1]).rglob("*.yaml"))
+    assert shipped == sorted(p.relative_to(REPO / "recipes").as_posix() for p in (REPO / "recipes").rglob("*.yaml"))
+
+    done = run(venv / "bin" / "resnorm-lm", "fit", "--recipe", "prenorm-12l", "--profile", "smoke",
+               "--data.corpus=text", f"--data.files=[{corpus}]", "--trainer.enable_progress_bar=false",
+               cwd=work, env=env)  # fmt: skip
+    assert "RESULT run=runs/prenorm-12l/smoke-seed1 step=6 " in done.stdout, done.stdout[-2000:]
+    assert (work / "runs" / "prenorm-12l" / "smoke-seed1" / "checkpoints" / "last.ckpt").is_file()
