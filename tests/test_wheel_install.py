@@ -51,12 +51,13 @@ def test_a_wheel_installed_into_a_fresh_venv_trains_the_smoke_profile_outside_th
     work = tmp_path / "elsewhere"
     corpus = write_corpus(work / "corpus")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RESNORM_LM_RECIPES")}
-    where = run(python, "-c", "import resnorm_lm.train.recipes as r; print(r.__file__); print(r.RECIPES_DIR)",
-                cwd=work, env=env).stdout.split()  # fmt: skip
-    assert Path(where[0]).is_relative_to(site_packages), where  # the wheel's code, not the repository's
-    assert Path(where[1]) == site_packages / "resnorm_lm" / "recipes", where
-    shipped = sorted(p.relative_to(where[1]).as_posix() for p in Path(where[1]).rglob("*.yaml"))
+    find_package = "import importlib.util; print(importlib.util.find_spec('resnorm_lm').origin)"  # no torch import
+    package = run(python, "-c", find_package, cwd=work, env=env).stdout.strip()
+    assert Path(package) == site_packages / "resnorm_lm" / "__init__.py"  # the wheel's code, not the repository's
+    packaged = site_packages / "resnorm_lm" / "recipes"  # and no recipes/ outside the package to fall back on
+    shipped = sorted(p.relative_to(packaged).as_posix() for p in packaged.rglob("*.yaml"))
     assert shipped == sorted(p.relative_to(REPO / "recipes").as_posix() for p in (REPO / "recipes").rglob("*.yaml"))
+    assert not (site_packages / "recipes").exists()
 
     done = run(venv / "bin" / "resnorm-lm", "fit", "--recipe", "prenorm-12l", "--profile", "smoke",
                "--data.corpus=text", f"--data.files=[{corpus}]", "--trainer.enable_progress_bar=false",
