@@ -36,7 +36,8 @@ NUMERIC_TESTS := tests/test_norms.py tests/test_norm_properties.py tests/test_tr
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-# A half-made .venv is made again (scripts/ensure_venv.sh); one whose python is gone reinstalls through $(PY).
+# .venv is made, or made again where it is half made (scripts/ensure_venv.sh), then its packages installed. The
+# targets that need .venv depend on the stamp, and through $(PY) on its python: a link to a removed one remakes it.
 $(STAMP): pyproject.toml constraints.txt setup.py $(PY)
 	@bash scripts/ensure_venv.sh $(PYTHON) $(VENV)
 	$(PY) -m pip install --disable-pip-version-check -q $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) \
@@ -45,7 +46,9 @@ $(STAMP): pyproject.toml constraints.txt setup.py $(PY)
 
 $(PY):
 
-install: $(STAMP) ## Create .venv with the pinned dependencies (quick no-op when up to date) [TORCH_INDEX=<url>]
+install: ## Create .venv with the pinned dependencies, or repair a half-made one (quick when up to date) [TORCH_INDEX=<url>]
+	@bash scripts/ensure_venv.sh $(PYTHON) $(VENV)
+	@$(MAKE) --no-print-directory $(STAMP)
 
 test: $(STAMP) ## Fast test suite (CPU, no network; installs first when needed)
 	$(PY) -m pytest -q -m "not slow"

@@ -125,19 +125,27 @@ def installed_copy(tmp_path):
     return tmp_path
 
 
-def make_dry_run(folder: Path, *variables: str) -> str:
-    done = subprocess.run(["make", "-n", "install", *variables], cwd=folder, capture_output=True, text=True,
+def make_dry_run(folder: Path, *variables: str, target: str = "install") -> str:
+    done = subprocess.run(["make", "-n", target, *variables], cwd=folder, capture_output=True, text=True,
                           timeout=60)  # fmt: skip
     assert done.returncode == 0, done.stderr
     return done.stdout
 
 
-def test_make_install_is_a_no_op_when_up_to_date_and_repairs_a_venv_whose_python_is_gone(installed_copy):
-    assert "Nothing to be done" in make_dry_run(installed_copy)
+def test_make_install_always_checks_the_venv_and_installs_only_when_out_of_date(installed_copy):
+    up_to_date = make_dry_run(installed_copy)
+    assert "scripts/ensure_venv.sh python3 .venv" in up_to_date  # the check that removes a half-made one
+    assert "is up to date" in up_to_date and "pip install" not in up_to_date
+    (installed_copy / ".venv" / ".installed-stamp").unlink()  # as after that removal, or a killed pip install
+    assert ".venv/bin/python -m pip install" in make_dry_run(installed_copy)
+
+
+def test_the_targets_that_need_the_venv_remake_it_when_its_python_is_gone(installed_copy):
+    assert "pip install" not in make_dry_run(installed_copy, target="test")
     (installed_copy / ".venv" / "bin" / "python").unlink()
-    commands = make_dry_run(installed_copy)
-    assert "scripts/ensure_venv.sh python3 .venv" in commands
-    assert ".venv/bin/python -m pip install" in commands
+    (installed_copy / ".venv" / "bin" / "python").symlink_to(installed_copy / "removed" / "python3.11")
+    commands = make_dry_run(installed_copy, target="test")
+    assert "scripts/ensure_venv.sh python3 .venv" in commands and ".venv/bin/python -m pip install" in commands
 
 
 def test_torch_index_is_handed_to_pip_only_when_set(installed_copy):
