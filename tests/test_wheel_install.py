@@ -1,5 +1,6 @@
 """A wheel, not the repository: built from the source, installed into a fresh venv, it trains the smoke profile
-from a folder outside the repository, with the recipes it carries inside the package.
+from a folder outside the repository, with the recipes it carries inside the package; and the order in which
+recipes are looked for (RESNORM_LM_RECIPES, the package's copy, the checkout's recipes/).
 
 Offline and without downloading torch again: the wheel is built with this environment's setuptools (no build
 isolation) and installed with ``--no-deps``; the fresh venv finds the dependencies through a ``.pth`` line naming
@@ -64,3 +65,16 @@ def test_a_wheel_installed_into_a_fresh_venv_trains_the_smoke_profile_outside_th
                cwd=work, env=env)  # fmt: skip
     assert "RESULT run=runs/prenorm-12l/smoke-seed1 step=6 " in done.stdout, done.stdout[-2000:]
     assert (work / "runs" / "prenorm-12l" / "smoke-seed1" / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_recipes_are_found_through_the_setting_then_in_the_package_then_in_the_checkout(tmp_path, monkeypatch):
+    from resnorm_lm.train import recipes
+
+    monkeypatch.delenv("RESNORM_LM_RECIPES", raising=False)
+    assert recipes.recipes_dir() == REPO / "recipes"  # a checkout's package holds no copy
+    packaged = tmp_path / "site-packages" / "resnorm_lm" / "recipes"
+    packaged.mkdir(parents=True)
+    monkeypatch.setattr(recipes, "PACKAGED_RECIPES", packaged)
+    assert recipes.recipes_dir() == packaged
+    monkeypatch.setenv("RESNORM_LM_RECIPES", str(tmp_path / "my-recipes"))
+    assert recipes.recipes_dir() == tmp_path / "my-recipes"
