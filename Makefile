@@ -7,6 +7,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 TORCH_PIN := torch==2.13.0
+# An index pip also looks in for torch, e.g. https://download.pytorch.org/whl/cpu for the CPU build (on Linux the
+# public registry's torch is the CUDA build). Empty: pip's own configuration decides.
+TORCH_INDEX ?=
 
 RECIPE ?= prenorm-12l
 PROFILE ?= auto
@@ -33,12 +36,19 @@ NUMERIC_TESTS := tests/test_norms.py tests/test_norm_properties.py tests/test_tr
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-$(STAMP): pyproject.toml constraints.txt
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --disable-pip-version-check -q -c constraints.txt $(TORCH_PIN) -e ".[dev,triton,notebooks]"
+# .venv is made, or made again where it is half made (scripts/ensure_venv.sh), then its packages installed. The
+# targets that need .venv depend on the stamp, and through $(PY) on its python: a link to a removed one remakes it.
+$(STAMP): pyproject.toml constraints.txt setup.py $(PY)
+	@bash scripts/ensure_venv.sh $(PYTHON) $(VENV)
+	$(PY) -m pip install --disable-pip-version-check -q $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) \
+		-c constraints.txt $(TORCH_PIN) -e ".[dev,triton,notebooks]"
 	@touch $(STAMP)
 
-install: $(STAMP) ## Create .venv with the pinned dependencies (quick no-op when up to date)
+$(PY):
+
+install: ## Create .venv with the pinned dependencies, or repair a half-made one (quick when up to date) [TORCH_INDEX=<url>]
+	@bash scripts/ensure_venv.sh $(PYTHON) $(VENV)
+	@$(MAKE) --no-print-directory $(STAMP)
 
 test: $(STAMP) ## Fast test suite (CPU, no network; installs first when needed)
 	$(PY) -m pytest -q -m "not slow"
@@ -50,12 +60,12 @@ test-avx2: $(STAMP) ## The numerical tests again with kernels capped at AVX2 (a 
 	$(AVX2_ONLY) $(PY) -m pytest -q -m "not slow" $(NUMERIC_TESTS)
 
 lint: $(STAMP) ## ruff check and format check
-	$(VENV)/bin/ruff check resnorm_lm tests benchmarks notebooks/run_notebooks.py
-	$(VENV)/bin/ruff format --check resnorm_lm tests benchmarks notebooks/run_notebooks.py
+	$(VENV)/bin/ruff check resnorm_lm tests benchmarks notebooks/run_notebooks.py setup.py
+	$(VENV)/bin/ruff format --check resnorm_lm tests benchmarks notebooks/run_notebooks.py setup.py
 
 format: $(STAMP) ## Apply ruff's fixes and formatting
-	$(VENV)/bin/ruff check --fix resnorm_lm tests benchmarks
-	$(VENV)/bin/ruff format resnorm_lm tests benchmarks
+	$(VENV)/bin/ruff check --fix resnorm_lm tests benchmarks setup.py
+	$(VENV)/bin/ruff format resnorm_lm tests benchmarks setup.py
 
 train: $(STAMP) ## Train RECIPE=<name> [PROFILE=auto|cpu|gpu|smoke] [RESUME=last|<ckpt>] [SEED=k] [ARGS="..."]
 	$(PY) -m resnorm_lm fit --recipe $(RECIPE) --profile $(PROFILE) --seed_everything $(SEED) \

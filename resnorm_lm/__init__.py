@@ -7,16 +7,11 @@ The package has three wings, and dependencies run one way, cli -> analysis -> tr
     train/     the LightningModule, the Trainer and everything a run needs (model, data)
     analysis/  eval, compare and sweeps, plots, layer contribution, generation (train, model, data)
     cli.py     the ``resnorm-lm`` command; registry.py, the by-name registry model and data share
-
-Module names of the earlier flat layout (``resnorm_lm.lightning_module``, ...) still import: ``_moved``.
 """
 
-from resnorm_lm import _moved
 from resnorm_lm.model.gpt import GPT, GPTConfig
 from resnorm_lm.model.norms import NORM_BACKENDS, NORMS, build_norm
 from resnorm_lm.model.placements import PLACEMENTS
 
 __all__ = ["GPT", "GPTConfig", "NORMS", "NORM_BACKENDS", "PLACEMENTS", "build_norm"]
 __version__ = "0.1.0"
-
-_moved.install()

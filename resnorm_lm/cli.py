@@ -5,6 +5,7 @@
 
 ``--recipe`` and ``--profile`` are shorthands for ``--config recipes/profiles/<profile>.yaml
 --config recipes/<recipe>.yaml`` (profile first, recipe on top); everything else is LightningCLI.
+``resnorm-lm --help`` lists the commands; ``resnorm-lm <command> --help`` shows one's options.
 """
 
 from __future__ import annotations
@@ -18,6 +19,23 @@ from resnorm_lm.data.errors import DataError
 from resnorm_lm.train.faults import Preempted
 from resnorm_lm.train.lightning_cli import EXIT_PREEMPTED, ResnormCLI, check_checkpoint_argument
 from resnorm_lm.train.recipes import expand_recipe_arguments
+
+TOOLS = {  # the commands beside LightningCLI's: the module whose main() each runs
+    "eval": "resnorm_lm.analysis.evaluate",
+    "compare": "resnorm_lm.analysis.compare",
+    "generate": "resnorm_lm.analysis.sample_cli",
+    "at-init": "resnorm_lm.analysis.at_init",
+}
+COMMANDS = {  # what `resnorm-lm --help` lists: LightningCLI's fit, validate and test, then the TOOLS
+    "fit": "train a recipe at a profile (--recipe R --profile P), or resume one (--ckpt_path last)",
+    "validate": "one pass over the validation split (LightningCLI; --ckpt_path a .ckpt file)",
+    "test": "one pass over the test split (LightningCLI; --ckpt_path a .ckpt file)",
+    "eval": "perplexity, bits per byte and word perplexity of trained runs, as a table",
+    "compare": "sweep recipes over learning rates and warmups, pick on validation, report test at the pick",
+    "generate": "sample text from a trained run",
+    "at-init": "every placement at initialization: per-block gradient norms and stream RMS, no training",
+}
+USAGE = "usage: resnorm-lm <command> [options]   (resnorm-lm <command> --help: the command's options)"
 
 
 class DropLightningTips(logging.Filter):
@@ -40,19 +58,23 @@ def quiet_libraries() -> None:
     )  # fmt: skip
 
 
+def command_list() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [USAGE, "", "resnorm-lm: GPT LMs with swappable norms and residual placements", "", "commands:"]
+    lines += [f"  {name:<{width}}  {what}" for name, what in COMMANDS.items()]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):  # LightningCLI's own help would list only fit/validate/test
+        print(command_list(), file=sys.stdout if args else sys.stderr)
+        return 0 if args else 2
     quiet_libraries()
-    tools = {
-        "eval": "resnorm_lm.analysis.evaluate",
-        "compare": "resnorm_lm.analysis.compare",
-        "generate": "resnorm_lm.analysis.sample_cli",
-        "at-init": "resnorm_lm.analysis.at_init",
-    }
-    if args and args[0] in tools:  # subcommands beside LightningCLI's fit / validate / test
+    if args[0] in TOOLS:
         import importlib
 
-        return importlib.import_module(tools[args[0]]).main(args[1:])
+        return importlib.import_module(TOOLS[args[0]]).main(args[1:])
     try:
         args = expand_recipe_arguments(args)
         check_checkpoint_argument(args)

@@ -92,7 +92,7 @@ def test_bad_paths_and_text_that_is_not_utf8_are_refused(tmp_path, corpus, capsy
         (corpus, [f"--data.cache_dir={a_file}"], "is a file, not a folder"),
         (corpus, [f"--run.root={a_file}"], "cannot write the run directory"),
         (corpus, [f"--ckpt_path={tmp_path / 'missing.ckpt'}"], "does not exist"),
-        (corpus, [f"--ckpt_path={tmp_path}"], "does not exist"),  # a folder is no checkpoint
+        (corpus, [f"--ckpt_path={tmp_path}"], "is a directory, not a checkpoint: give a .ckpt file, or `last`"),
     ]
     for files, extra, said in cases:
         code = run_cli(smoke_args(tmp_path, files, f"--run.root={tmp_path / 'runs'}", *extra))

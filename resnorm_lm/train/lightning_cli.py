@@ -150,7 +150,7 @@ class ResnormCLI(LightningCLI):
                 )
             return None
         elif not Path(ckpt_path).is_file():
-            raise UsageError(f"checkpoint {ckpt_path} does not exist")
+            raise UsageError(no_checkpoint_at(ckpt_path))
         facts = CheckpointFacts.read(Path(ckpt_path))
         for note in check_resume(facts, self._resume_request()):
             if rank_zero_only.rank == 0:
@@ -303,5 +303,15 @@ def check_checkpoint_argument(args: list[str]) -> None:
             value = args[i + 1]
         if value not in (None, "last", "null", "None"):
             if not Path(value).is_file():
-                raise UsageError(f"checkpoint {value} does not exist")
+                raise UsageError(no_checkpoint_at(value))
             CheckpointFacts.read(Path(value))
+
+
+def no_checkpoint_at(path: str) -> str:
+    """What is wrong with a --ckpt_path that is not a file, and what to give instead."""
+    if not Path(path).is_dir():
+        return f"checkpoint {path} does not exist"
+    last = Path(path) / "checkpoints" / "last.ckpt"
+    latest = f" ({last} is its latest)" if last.is_file() else ""
+    return (f"--ckpt_path {path} is a directory, not a checkpoint: give a .ckpt file{latest}, or `last` "
+            "(RESUME=last) to resume the run this command names")  # fmt: skip

@@ -1,4 +1,8 @@
-"""Named recipes and profiles: YAML files under recipes/, resolved to LightningCLI ``--config`` arguments."""
+"""Named recipes and profiles: YAML files under recipes/, resolved to LightningCLI ``--config`` arguments.
+
+Where recipes/ is, first found: ``$RESNORM_LM_RECIPES``; the copy an installed wheel carries inside the package
+(setup.py puts it there); the repository's own recipes/ (a checkout, an editable install).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,18 @@ from pathlib import Path
 
 import torch
 
-RECIPES_DIR = Path(os.environ.get("RESNORM_LM_RECIPES", Path(__file__).resolve().parents[2] / "recipes"))
+PACKAGED_RECIPES = Path(__file__).resolve().parents[1] / "recipes"  # resnorm_lm/recipes/, in a wheel only
+CHECKOUT_RECIPES = Path(__file__).resolve().parents[2] / "recipes"  # beside the package in the repository
+
+
+def recipes_dir() -> Path:
+    """The folder that holds the recipes, ``profiles/`` and ``tuned/``."""
+    if os.environ.get("RESNORM_LM_RECIPES"):
+        return Path(os.environ["RESNORM_LM_RECIPES"])
+    return PACKAGED_RECIPES if PACKAGED_RECIPES.is_dir() else CHECKOUT_RECIPES
+
+
+RECIPES_DIR = recipes_dir()
 
 
 class RecipeError(ValueError):
