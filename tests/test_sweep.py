@@ -139,6 +139,31 @@ def test_the_sweep_runs_until_the_pick_has_every_seed_and_a_short_pick_is_flagge
     assert row["n_seeds"] == 1 and row["status"] == "ok; pick has 1 of 3 seeds"
 
 
+def test_a_table_row_only_reads_and_the_picks_are_tested_before(tmp_path, monkeypatch):
+    """Building a row measures nothing, even where a checkpoint is there to measure: the test split is evaluated
+    at the picks, and only there, before the rows are built (``ensure_picks_tested``)."""
+    from resnorm_lm.analysis import eval_records
+    from resnorm_lm.analysis.tables import recipe_row
+
+    calls = []
+    monkeypatch.setattr(eval_records, "evaluate_paths", lambda paths, splits, **kw: calls.append((paths, splits)))
+    runs = {}
+    for lr, seed, loss in ((1e-3, 1, 5.0), (1e-3, 2, 5.2), (2e-3, 1, 5.5)):
+        spec = RunSpec("prenorm-12l", Setting(lr, 2), seed)
+        run_dir = spec.run_dir(str(tmp_path), "smoke")
+        (run_dir / "checkpoints").mkdir(parents=True)
+        (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"the final weights")
+        evaluation = {"step": 6, "validation": {"loss": loss}, "precision": "32-true", "trained_precision": "32-true"}
+        (run_dir / "eval.json").write_text(json.dumps({"finished": True, "step": 6, "eval": evaluation}))
+        runs[spec] = run_dir
+    sel = select("prenorm-12l", [eval_records.outcome(spec, d) for spec, d in runs.items()])
+    row = recipe_row(sel, runs, None, seeds_wanted=2)
+    assert not calls and row["val_loss_mean"] == pytest.approx(5.1) and row["test_loss_mean"] is None
+    eval_records.ensure_picks_tested([sel], runs)
+    picked = [str(d) for s, d in runs.items() if s.setting.lr == 1e-3]
+    assert calls == [(picked, ["test"])]  # the two seeds at the pick, not the other setting
+
+
 def test_unigram_reference_is_the_cross_entropy_of_train_frequencies():
     train = np.array([0, 0, 0, 1, 2, 2], dtype=np.uint16)
     val = np.array([3, 0, 2, 1], dtype=np.uint16)  # targets: 0, 2, 1 (the first token predicts nothing)
