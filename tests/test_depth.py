@@ -15,21 +15,16 @@ import pytest
 import torch
 import yaml
 
-from resnorm_lm.analysis import compare
-from resnorm_lm.analysis.compare import (
-    run_state,
-    run_sweep,
-    step_seconds_at,
-    step_seconds_by_blocks,
-    sweep_arms,
-    timing_line,
-)
+from resnorm_lm.analysis import compare, sweep_runner
 from resnorm_lm.analysis.layer_contribution import angular_distance, measure, run_contribution, skipped
 from resnorm_lm.analysis.sweep import Arm, RunSpec, Setting
+from resnorm_lm.analysis.sweep_rounds import run_sweep, sweep_arms
+from resnorm_lm.analysis.sweep_runner import step_seconds_at, step_seconds_by_blocks, timing_line
 from resnorm_lm.model.gpt import GPT, GPTConfig
 from resnorm_lm.train.lightning_module import LanguageModel
 from resnorm_lm.train.optim import OptimConfig
 from resnorm_lm.train.recipes import recipe_at_depth, recipe_depth, recipe_path
+from resnorm_lm.train.runs import RunDir
 from tests.test_sweep import write_learnable_corpus
 
 LRS = [1e-3, 2e-3, 4e-3]
@@ -57,7 +52,7 @@ class DepthTrainer:
         self.planned: list[tuple[str, int, int, int]] = []  # (what, runs, to train, to resume)
 
     def plan(self, specs, what, training=True):
-        states = [run_state(s.run_dir(self.root, "smoke")) for s in specs]
+        states = [RunDir(s.run_dir(self.root, "smoke")).state() for s in specs]
         todo = [s for s, state in zip(specs, states) if state != "finished"]
         self.planned.append((what, len(specs), len(todo), states.count("unfinished")))
         return todo
@@ -70,7 +65,7 @@ class DepthTrainer:
                 (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
                 (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"half a run")
                 raise Interrupted(str(run_dir))
-            self.trained.append((spec, run_state(run_dir) == "unfinished"))
+            self.trained.append((spec, RunDir(run_dir).state() == "unfinished"))
             run_dir.mkdir(parents=True, exist_ok=True)
             loss = self.loss(n_layer, spec.setting.lr, spec.seed)
             split = {"loss": loss, "ppl": math.exp(loss), "bpb": loss / math.log(2)}
@@ -140,9 +135,9 @@ def test_the_trainer_trains_and_resumes_a_depth_with_its_override_and_the_cli_bu
     from resnorm_lm.train.recipes import expand_recipe_arguments
 
     commands = []
-    monkeypatch.setattr(compare, "subprocess", SimpleNamespace(run=lambda cmd, **k: commands.append(cmd) or
+    monkeypatch.setattr(sweep_runner, "subprocess", SimpleNamespace(run=lambda cmd, **k: commands.append(cmd) or
                                                                 subprocess.CompletedProcess(cmd, 0)))  # fmt: skip
-    trainer = compare.SweepTrainer("smoke", str(tmp_path), [], jobs=1)
+    trainer = sweep_runner.SweepTrainer("smoke", str(tmp_path), [], jobs=1)
     deep, own = RunSpec("prenorm-12l", Setting(1e-3, 2), 1, depth=3), RunSpec("prenorm-12l", Setting(1e-3, 2), 1)
     (deep.run_dir(str(tmp_path), "smoke") / "checkpoints").mkdir(parents=True)
     (deep.run_dir(str(tmp_path), "smoke") / "checkpoints" / "last.ckpt").write_bytes(b"x")

@@ -13,8 +13,9 @@ import pytest
 import torch
 
 import resnorm_lm.train.precision
-from resnorm_lm.analysis.compare import eval_precisions, evaluated, markdown_report
+from resnorm_lm.analysis.eval_records import eval_precisions, evaluated
 from resnorm_lm.analysis.evaluate import eval_precision, format_tables
+from resnorm_lm.analysis.report import markdown_report
 from resnorm_lm.cli import main
 from tests.train_helpers import run_cli, smoke_args, write_corpus
 

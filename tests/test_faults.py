@@ -15,8 +15,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from resnorm_lm.analysis.compare import grid_rows, markdown_report, recipe_row
+from resnorm_lm.analysis.report import markdown_report
 from resnorm_lm.analysis.sweep import RunOutcome, RunSpec, Setting, select
+from resnorm_lm.analysis.tables import grid_rows, recipe_row
 from resnorm_lm.cli import main
 from resnorm_lm.train.faults import AtomicCheckpointIO, DivergenceConfig, DivergenceGuard, PreemptOnSigterm
 from tests.train_helpers import final_weights, run_cli, smoke_args, train_losses, write_corpus

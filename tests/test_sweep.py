@@ -29,7 +29,7 @@ from resnorm_lm.analysis.sweep import (
 )
 from resnorm_lm.data.unigram import unigram_cross_entropy
 from resnorm_lm.model.gpt import GPT, GPTConfig
-from tests.train_helpers import WORDS
+from tests.train_helpers import WORDS, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -99,9 +99,9 @@ class ScriptedTrainer:
         self.root, self.profile, self.loss, self.trained = str(root), profile, loss, []
 
     def plan(self, specs, what, training=True):
-        from resnorm_lm.analysis.compare import run_state
+        from resnorm_lm.train.runs import RunDir
 
-        return [s for s in specs if run_state(s.run_dir(self.root, self.profile)) != "finished"]
+        return [s for s in specs if RunDir(s.run_dir(self.root, self.profile)).state() != "finished"]
 
     def train_all(self, specs):
         for spec in specs:
@@ -117,7 +117,8 @@ class ScriptedTrainer:
 def test_the_sweep_runs_until_the_pick_has_every_seed_and_a_short_pick_is_flagged(tmp_path):
     """Extra seeds are worse everywhere, so each round's pick falls back behind a one-seed setting: the pick
     moves once per grid setting, more rounds than a fixed cap allowed (it ended on a one-seed pick)."""
-    from resnorm_lm.analysis.compare import recipe_row, run_sweep
+    from resnorm_lm.analysis.sweep_rounds import run_sweep
+    from resnorm_lm.analysis.tables import recipe_row
 
     lrs = [1e-3, 2e-3, 3e-3, 4e-3, 5e-3, 6e-3]
     trainer = ScriptedTrainer(tmp_path, "smoke", lambda lr, seed: 1.0 + lr * 10 + (1.0 if seed > 1 else 0.0))
@@ -136,6 +137,31 @@ def test_the_sweep_runs_until_the_pick_has_every_seed_and_a_short_pick_is_flagge
     selections, runs = run_sweep(args, "smoke", grid_only)
     row = recipe_row(selections[Arm("prenorm-12l")], runs, None, seeds_wanted=3)
     assert row["n_seeds"] == 1 and row["status"] == "ok; pick has 1 of 3 seeds"
+
+
+def test_a_table_row_only_reads_and_the_picks_are_tested_before(tmp_path, monkeypatch):
+    """Building a row measures nothing, even where a checkpoint is there to measure: the test split is evaluated
+    at the picks, and only there, before the rows are built (``ensure_picks_tested``)."""
+    from resnorm_lm.analysis import eval_records
+    from resnorm_lm.analysis.tables import recipe_row
+
+    calls = []
+    monkeypatch.setattr(eval_records, "evaluate_paths", lambda paths, splits, **kw: calls.append((paths, splits)))
+    runs = {}
+    for lr, seed, loss in ((1e-3, 1, 5.0), (1e-3, 2, 5.2), (2e-3, 1, 5.5)):
+        spec = RunSpec("prenorm-12l", Setting(lr, 2), seed)
+        run_dir = spec.run_dir(str(tmp_path), "smoke")
+        (run_dir / "checkpoints").mkdir(parents=True)
+        (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"the final weights")
+        evaluation = {"step": 6, "validation": {"loss": loss}, "precision": "32-true", "trained_precision": "32-true"}
+        (run_dir / "eval.json").write_text(json.dumps({"finished": True, "step": 6, "eval": evaluation}))
+        runs[spec] = run_dir
+    sel = select("prenorm-12l", [eval_records.outcome(spec, d) for spec, d in runs.items()])
+    row = recipe_row(sel, runs, None, seeds_wanted=2)
+    assert not calls and row["val_loss_mean"] == pytest.approx(5.1) and row["test_loss_mean"] is None
+    eval_records.ensure_picks_tested([sel], runs)
+    picked = [str(d) for s, d in runs.items() if s.setting.lr == 1e-3]
+    assert calls == [(picked, ["test"])]  # the two seeds at the pick, not the other setting
 
 
 def test_unigram_reference_is_the_cross_entropy_of_train_frequencies():
@@ -256,7 +282,7 @@ def test_a_tiny_sweep_interrupted_then_finished_picks_on_validation_and_tests_on
 def test_parallel_compare_prepares_the_data_once_before_the_jobs_start(tmp_path, monkeypatch, capsys):
     """JOBS=2 on a cold cache: the data the runs resolve to (profile, recipe and --train-args) is prepared
     in compare itself, once, before any job starts, so the jobs do not all build it at once."""
-    from resnorm_lm.analysis import compare
+    from resnorm_lm.analysis import sweep_runner
     from resnorm_lm.data import datamodule
 
     corpus, cache = write_learnable_corpus(tmp_path / "corpus", n_files=6, words_per_file=100), tmp_path / "cache"
@@ -268,9 +294,9 @@ def test_parallel_compare_prepares_the_data_once_before_the_jobs_start(tmp_path,
         events.append(("job", len(list(cache.glob("prepared/*/manifest.json")))))
         return subprocess.CompletedProcess(cmd, 0)
 
-    monkeypatch.setattr(compare, "subprocess", SimpleNamespace(run=job))
+    monkeypatch.setattr(sweep_runner, "subprocess", SimpleNamespace(run=job))
     extra = ["--data.corpus=text", f"--data.files=[{corpus}]", f"--data.cache_dir={cache}", "--data.vocab_size=300"]
-    trainer = compare.SweepTrainer("smoke", str(tmp_path / "runs"), extra, jobs=2)
+    trainer = sweep_runner.SweepTrainer("smoke", str(tmp_path / "runs"), extra, jobs=2)
     specs = expand_grid(["prenorm-12l", "postnorm-12l"], grid_settings([1e-3, 3e-3], None), [1])
     trainer.train_all(specs)
     assert events == ["prepare"] + [("job", 1)] * 4  # one corpus, prepared once, before every job
@@ -279,6 +305,32 @@ def test_parallel_compare_prepares_the_data_once_before_the_jobs_start(tmp_path,
     assert "compare: preparing the data before the 2 parallel jobs start" in capsys.readouterr().out
     trainer.train_all(specs[:2])  # a later round: prepared already
     assert events.count("prepare") == 1 and len(events) == 7
+
+
+@pytest.mark.parametrize(
+    ("recipe", "profile", "extra", "expected"),
+    [
+        ("prenorm-12l", "smoke", [], {"vocab_size": 512, "block_size": 32}),  # the profile's
+        ("deepnorm-24l", "gpu", ["--data.vocab_size=1024", "--data.batch_size", "8"],
+         {"vocab_size": 1024, "batch_size": 8}),
+        ("postnorm-12l-nowarmup", "cpu", ["--data.corpus=text", "--data.files=[a/*.txt]", "--config", "EXTRA",
+                                          "--data.seed=7", "--trainer.max_steps=3"],
+         {"corpus": "text", "files": ["a/*.txt"], "seed": 7, "block_size": 48}),
+    ],
+)  # fmt: skip
+def test_the_data_compare_prepares_is_the_data_print_config_resolves(recipe, profile, extra, expected, tmp_path,
+                                                                     capsys):  # fmt: skip
+    """compare prepares its jobs' data from ``data_settings``, which reads the fit command's config files and
+    --data options without building the CLI: the real CLI's --print_config is the reference."""
+    from resnorm_lm.analysis.data_settings import data_settings
+
+    config = tmp_path / "extra.yaml"  # a later --config: its data section wins over the profile's, then --data.seed
+    config.write_text(yaml.safe_dump({"data": {"seed": 5, "block_size": 48}, "trainer": {"max_steps": 4}}))
+    extra = [str(config) if arg == "EXTRA" else arg for arg in extra]
+    assert run_cli(["fit", "--recipe", recipe, "--profile", profile, *extra, "--print_config"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)["data"]
+    assert data_settings(recipe, profile, extra) == printed == {**printed, **expected}
+    assert data_settings(recipe, profile, [*extra, "--data.vocab_size=many"]) is None  # as the CLI refuses it
 
 
 def test_compare_hardware_pairs_the_same_runs_of_two_machines(tmp_path):

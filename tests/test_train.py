@@ -17,6 +17,7 @@ from resnorm_lm.data.sampling import ResumableBatchSampler
 from resnorm_lm.model.gpt import GPT, GPTConfig
 from resnorm_lm.train.optim import OptimConfig, warmup_cosine
 from resnorm_lm.train.recipes import available_profiles, available_recipes
+from resnorm_lm.train.runs import RunDir
 from tests.train_helpers import final_weights, run_cli, smoke_args, train_losses, write_corpus
 
 REPO = Path(__file__).resolve().parents[1]
@@ -156,6 +157,10 @@ def test_smoke_run_writes_its_run_directory_and_result_line(tmp_path, corpus, ca
     assert manifest["data"]["corpus"] == "text" and len(manifest["data"]["tokenizer_sha256"]) == 64
     assert "torch" in manifest["packages"] and manifest["code_revision"]
     assert (run_dir / "config.yaml").is_file()
+    run = RunDir(run_dir)  # the one reader reads what the run wrote
+    assert run.state() == "finished" and run.summary() == evaluation and run.manifest() == manifest
+    assert run.config()["data"]["corpus"] == "text" and run.init() == "gpt2"
+    assert {p.name for p in run.checkpoints()} >= {"last.ckpt", "best.ckpt"}
     assert (run_dir / "checkpoints" / "last.ckpt").is_file() and (run_dir / "checkpoints" / "best.ckpt").is_file()
     losses = train_losses(run_dir)
     assert sorted(losses) == list(range(6)) and all(l == l for l in losses.values())
@@ -268,12 +273,11 @@ def test_compiled_model_trains_and_its_checkpoint_loads_uncompiled(tmp_path, cor
     root = tmp_path / "runs"
     code = run_cli(smoke_args(tmp_path, corpus, f"--run.root={root}", "--model.compile=true", "--trainer.max_steps=3"))
     assert code == 0, capsys.readouterr().err[-2000:]
-    from resnorm_lm.analysis.plots import read_metrics
     from resnorm_lm.train.checkpoints import load_run
 
     run = load_run(root / "prenorm-12l" / "smoke-seed1")  # plain module, the same state-dict keys
     assert run.global_step == 3
-    rows = [r for r in read_metrics(root / "prenorm-12l" / "smoke-seed1") if "stream_rms/layer_11" in r]
+    rows = [r for r in RunDir(root / "prenorm-12l" / "smoke-seed1").metrics() if "stream_rms/layer_11" in r]
     assert rows and rows[0]["step"] == 0 and rows[0]["stream_rms/layer_11"] > 0  # the hooks run compiled too
 
 

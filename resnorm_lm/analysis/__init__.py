@@ -1,7 +1,18 @@
 """The analysis wing: what is done with finished runs.
 
     evaluate.py            ``resnorm-lm eval``: a checkpoint on a split, with its data identity checked
-    compare.py, sweep.py   ``resnorm-lm compare``: per-recipe LR grids, the selection rule, tables, depths
+    at_init.py             ``resnorm-lm at-init``: every placement at initialization
+    compare.py             ``resnorm-lm compare``: its command line, checks and ``main``; the rooms it calls:
+      sweep.py               the grid, the selection rule, the not-learning flag (decides only)
+      sweep_rounds.py        the rounds: the grid, then every seed at the picks until the choice is stable
+      sweep_runner.py        training a sweep's runs as ``fit`` subprocesses, and the time estimate
+      data_settings.py       the data a ``fit`` command resolves to (prepared once before parallel jobs)
+      eval_records.py        which evaluations a run's eval.json holds; measuring the missing ones
+      tables.py              the rows of compare.csv and grid.csv (reading only)
+      report.py              compare.md, the CSVs and the figures at the picks
+      tuned_overlays.py      tuned/<recipe>.yaml: each pick as a recipe overlay, with its evidence
+      depth_report.py        the depth axis: depth.md/.csv, its figures, the layer contribution at the picks
+      (every run directory is read through ``resnorm_lm.train.runs.RunDir``)
     plots.py               loss curves, LR sensitivity, gradient norms, the depth figures
     layer_contribution.py  the curse-of-depth measurement (loss when a block is skipped, angular distance)
     sample_cli.py          ``resnorm-lm generate``

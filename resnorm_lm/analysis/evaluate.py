@@ -13,7 +13,6 @@ tokenizer, and so is the probability a model gives the text).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from typing import Any, get_args
@@ -33,6 +32,7 @@ from resnorm_lm.train.precision import (
     resolve_precision,
     uses_cuda,
 )
+from resnorm_lm.train.runs import RunDir
 from resnorm_lm.train.trainer import Trainer
 
 RUN = "run"  # evaluate at the precision the run trained with
@@ -81,14 +81,12 @@ def training_facts(run: LoadedRun) -> dict[str, Any]:
     facts: dict[str, Any] = {"step": run.global_step, "params": count_parameters(run.model)}
     if run.run_dir is None:
         return facts
-    summary_path = run.run_dir / "eval.json"
-    if summary_path.is_file():
-        summary = json.loads(summary_path.read_text())
-        for key in ("tokens", "wall_s", "diverged", "diverged_reason", "recipe", "profile"):
-            if key in summary:
-                facts[key] = summary[key]
-        if summary.get("tokens") and summary.get("wall_s"):
-            facts["tokens_per_s"] = summary["tokens"] / summary["wall_s"]
+    summary = RunDir(run.run_dir).summary()
+    for key in ("tokens", "wall_s", "diverged", "diverged_reason", "recipe", "profile"):
+        if key in summary:
+            facts[key] = summary[key]
+    if summary.get("tokens") and summary.get("wall_s"):
+        facts["tokens_per_s"] = summary["tokens"] / summary["wall_s"]
     return facts
 
 
@@ -178,8 +176,8 @@ def evaluate_paths(paths: list[str], splits: list[str], precision: str = RUN, de
         row = flatten(str(run.run_dir or run.checkpoint), facts, results)
         rows.append({**row, **data_facts(run), "eval_precision": choice.precision})
         if run.run_dir is not None and rank_zero_only.rank == 0:
-            summary_path = run.run_dir / "eval.json"
-            summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+            run_dir = RunDir(run.run_dir)
+            summary = run_dir.summary()
             earlier = summary.get("eval") or {}
             # other splits of the same weights at the same precision are kept; anything else is replaced
             same = earlier.get("step") == run.global_step and earlier.get("precision") == choice.precision
@@ -187,7 +185,7 @@ def evaluate_paths(paths: list[str], splits: list[str], precision: str = RUN, de
                                "step": run.global_step, "precision": choice.precision,
                                "precision_reason": choice.reason, "trained_precision": run.precision,
                                **results}  # fmt: skip
-            write_json_atomic(summary_path, summary)
+            write_json_atomic(run_dir.summary_path, summary)
     return rows
 
 

@@ -41,6 +41,7 @@ from resnorm_lm.data.cache import write_json_atomic
 from resnorm_lm.data.sampling import IGNORE_INDEX
 from resnorm_lm.model.gpt import GPT
 from resnorm_lm.model.placements import Stream
+from resnorm_lm.train.runs import RunDir
 
 CACHE_FILE = "layer_contribution.json"
 DEFAULT_TOKENS = 16_384  # 128 windows of the cpu profile's context 128: 12% of its validation split
@@ -143,16 +144,15 @@ def run_contribution(run_dir: Path, n_tokens: int = DEFAULT_TOKENS) -> dict | No
     last step on the same slice, else from ``checkpoints/last.ckpt`` (cached then); None without either."""
     from resnorm_lm.train.checkpoints import load_run
 
-    run_dir = Path(run_dir)
-    cache = run_dir / CACHE_FILE
-    summary = json.loads((run_dir / "eval.json").read_text()) if (run_dir / "eval.json").is_file() else {}
+    run_files = RunDir(run_dir)
+    cache = run_files.path / CACHE_FILE
     if cache.is_file():
         cached = json.loads(cache.read_text())
-        if cached.get("step") == summary.get("step") and cached.get("tokens_asked") == n_tokens:
+        if cached.get("step") == run_files.summary().get("step") and cached.get("tokens_asked") == n_tokens:
             return cached
-    if not (run_dir / "checkpoints" / "last.ckpt").is_file():
+    if not run_files.has_checkpoint():
         return None
-    run = load_run(run_dir)  # weights_only: a checkpoint is data; its data checked and set up
+    run = load_run(run_files.path)  # weights_only: a checkpoint is data; its data checked and set up
     dm = run.datamodule
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = run.model.model.to(device).eval()

@@ -4,7 +4,6 @@ gradient norms and layer contribution per depth."""
 
 from __future__ import annotations
 
-import csv
 import math
 from pathlib import Path
 
@@ -15,15 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from resnorm_lm.analysis.layer_contribution import block_means, group_rows  # noqa: E402
-
-
-def read_metrics(run_dir: Path) -> list[dict[str, float]]:
-    """metrics.csv rows as {column: float}, empty cells dropped."""
-    path = run_dir / "metrics.csv"
-    if not path.is_file():
-        return []
-    with path.open(newline="") as f:
-        return [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(f)]
+from resnorm_lm.train.runs import RunDir  # noqa: E402
 
 
 def series(rows: list[dict[str, float]], key: str) -> tuple[list[float], list[float]]:
@@ -74,7 +65,7 @@ def plot_loss_curves(runs: dict[str, list[Path]], out_dir: Path) -> Path:
     for recipe, run_dirs in sorted(runs.items()):
         color = colors[recipe]
         for j, run_dir in enumerate(run_dirs):
-            rows = read_metrics(run_dir)
+            rows = RunDir(run_dir).metrics()
             label = recipe if j == 0 else None
             for key, style in (("train/loss", dict(lw=0.8, alpha=0.6)), ("val/loss", dict(marker="o", ms=4, lw=1.5))):
                 steps, losses = series(rows, key)
@@ -104,7 +95,7 @@ def layer_values(row: dict[str, float], prefix: str = GRAD_NORMS) -> list[float]
 
 def rows_with(run_dir: Path, prefix: str) -> list[dict[str, float]]:
     """The rows of a run's metrics.csv that log the per-block metric ``prefix``."""
-    return [r for r in read_metrics(run_dir) if any(k.startswith(prefix) for k in r)]
+    return [r for r in RunDir(run_dir).metrics() if any(k.startswith(prefix) for k in r)]
 
 
 def plot_grad_norms(runs: dict[str, list[Path]], out_dir: Path) -> Path:

@@ -3,9 +3,10 @@
 A comparison is fair only when every configuration had the same chance, so
 ``compare`` trains each recipe over a grid of peak learning rates and warmups,
 picks each recipe's setting by its mean validation loss over the seeds run at
-it, and reports the test split only at the setting it picked. Tables and plots
-live in ``compare.py`` and ``plots.py``; this module only decides. With a depth axis, each (recipe, depth)
-is an ``Arm``: its own grid, selection and seeds, as if it were a recipe of its own.
+it, and reports the test split only at the setting it picked. ``sweep_rounds.py``
+and ``sweep_runner.py`` train the runs, ``tables.py`` tabulates them; this module
+only decides. With a depth axis, each (recipe, depth) is an ``Arm``: its own grid,
+selection and seeds, as if it were a recipe of its own.
 """
 
 from __future__ import annotations
@@ -187,6 +188,14 @@ def select(recipe: str, outcomes: list[RunOutcome], depth: int | None = None, n_
     if chosen and chosen.setting.lr is not None and len(lrs) > 1:
         edge = "lowest" if chosen.setting.lr == lrs[0] else "highest" if chosen.setting.lr == lrs[-1] else None
     return Selection(recipe, chosen, runner_up, scores, edge, depth, n_layer)
+
+
+def chosen_runs(sel: Selection, runs: dict[RunSpec, Path]) -> list[tuple[RunSpec, Path]]:
+    """The finished runs (``runs``: spec -> run directory) of an arm at its chosen setting, by seed."""
+    if sel.chosen is None:
+        return []
+    mine = [(s, d) for s, d in runs.items() if s.arm == sel.arm and s.setting == sel.chosen.setting]
+    return sorted(mine, key=lambda pair: pair[0].seed)
 
 
 def estimate_seconds(step_seconds: list[float | None], max_steps: int, jobs: int) -> float | None:

@@ -3,7 +3,6 @@ where it came from."""
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -16,6 +15,7 @@ from resnorm_lm.model.norms import NORM_BACKENDS
 from resnorm_lm.train.checkpoint_files import CheckpointFileError, read_checkpoint_file
 from resnorm_lm.train.lightning_module import LanguageModel, data_identity, identity_differences
 from resnorm_lm.train.optim import OptimConfig
+from resnorm_lm.train.runs import RunDir
 
 
 class CheckpointError(ValueError):
@@ -36,7 +36,7 @@ def find_checkpoint(path: str | Path) -> tuple[Path, Path | None]:
     """A run directory gives its checkpoints/last.ckpt (the final weights); a .ckpt file is taken as is."""
     path = Path(path)
     if path.is_dir():
-        ckpt = path / "checkpoints" / "last.ckpt"
+        ckpt = RunDir(path).last_checkpoint
         if not ckpt.is_file():
             raise CheckpointError(f"{path} is not a run directory with checkpoints/last.ckpt; train it first")
         return ckpt, path
@@ -68,8 +68,7 @@ def usable_backend(arch: dict) -> dict:
 
 
 def run_manifest(run_dir: Path | None) -> dict[str, Any]:
-    path = run_dir / "manifest.json" if run_dir is not None else None
-    return json.loads(path.read_text()) if path is not None and path.is_file() else {}
+    return RunDir(run_dir).manifest() if run_dir is not None else {}
 
 
 def recorded_identity(state: dict, manifest: dict) -> dict[str, str] | None:

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 import shutil
 import sys
 from datetime import timedelta
@@ -34,7 +33,7 @@ from resnorm_lm.train.logging import ContinuedCSVLogger
 from resnorm_lm.train.monitors import SparseThroughputMonitor
 from resnorm_lm.train.precision import PrecisionChoice, PrecisionError, resolve_precision, uses_cuda
 from resnorm_lm.train.resume import CheckpointFacts, ResumeRequest, check_resume
-from resnorm_lm.train.runs import RunConfig, RunManifest, StopAfterSteps, run_directory
+from resnorm_lm.train.runs import RunConfig, RunDir, RunManifest, StopAfterSteps, run_directory
 from resnorm_lm.train.trainer import Trainer
 
 MIN_FREE_DISK_BYTES = 200 * 2**20  # refuse to start a run with less free space than this
@@ -130,11 +129,11 @@ class ResnormCLI(LightningCLI):
                         "Resume with the same data, or start a new run"
                     )
             check_writable(self.run_dir)
-            for stale in remove_stale_temp_files(self.run_dir / "checkpoints"):
+            for stale in remove_stale_temp_files(RunDir(self.run_dir).checkpoints_dir):
                 print(f"resnorm-lm: removed {stale.name}, a checkpoint write that was killed midway", file=sys.stderr)
 
     def _resolve_resume(self, ckpt_path: str | None) -> str | None:
-        last = self.run_dir / "checkpoints" / "last.ckpt"
+        last = RunDir(self.run_dir).last_checkpoint
         if ckpt_path == "last":
             if not last.is_file():
                 raise UsageError(
@@ -176,7 +175,8 @@ class ResnormCLI(LightningCLI):
         callbacks = list(trainer_cfg.get("callbacks") or [])
         if trainer_cfg.get("enable_progress_bar") is False:  # a profile's bar settings give way to turning it off
             callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
-        run, ckpt_dir = self.run_config, self.run_dir / "checkpoints"
+        run, run_dir = self.run_config, RunDir(self.run_dir)
+        ckpt_dir = run_dir.checkpoints_dir
         callbacks += [
             GoodStateCheckpoint(
                 dirpath=ckpt_dir,
@@ -207,8 +207,9 @@ class ResnormCLI(LightningCLI):
             seed = self._get(self.config, "seed_everything")
             callbacks.append(RunManifest(self.run_dir, run, seed, self.precision_choice, self.resume_step,
                                          self.kernel_choices))  # fmt: skip
-            preempt = PreemptOnSigterm(ckpt_dir / "last.ckpt", on_preempted=lambda: self._finish(preempted=True))
-            callbacks += [preempt, FinalCheckpoint(ckpt_dir / "last.ckpt", run.checkpoint_every)]
+            last = run_dir.last_checkpoint
+            preempt = PreemptOnSigterm(last, on_preempted=lambda: self._finish(preempted=True))
+            callbacks += [preempt, FinalCheckpoint(last, run.checkpoint_every)]
             if run.stop_after_steps is not None:
                 callbacks.append(StopAfterSteps(run.stop_after_steps))
         kwargs.update(
@@ -264,8 +265,7 @@ def processes(trainer_cfg: dict) -> int:
 
 def recorded_precision(run_dir: Path) -> str | None:
     """The precision a run directory's manifest says the run trained with (None when unknown)."""
-    path = run_dir / "manifest.json"
-    return json.loads(path.read_text()).get("precision") if path.is_file() else None
+    return RunDir(run_dir).manifest().get("precision")
 
 
 def run_loggers(run_dir: Path, resume_step: int | None) -> list:

@@ -1,7 +1,9 @@
-"""Run directories: where a run lives, what it records (manifest, eval.json), and its RESULT line."""
+"""Run directories: where a run lives (``RunDir``, the one reader of its files), what it records (manifest,
+eval.json), and its RESULT line."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import platform
@@ -51,6 +53,96 @@ class RunConfig:
 def run_directory(run: RunConfig, seed: int | None) -> Path:
     tag = f"-{run.tag}" if run.tag else ""
     return Path(run.root) / run.recipe / f"{run.profile}{tag}-seed{seed if seed is not None else 'none'}"
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """A run directory's files, and the one place that reads them::
+
+        runs/<recipe>/<profile>[-<tag>]-seed<k>/
+            config.yaml     the resolved config, as LightningCLI saved it
+            manifest.json   code, versions, hardware, data, seed; a segment per start or resume; how it ended
+            metrics.csv     the logged metrics (one row per logged step)
+            eval.json       the summary finish_run writes, with the evaluations ``resnorm-lm eval`` merges in
+            checkpoints/    last.ckpt (the latest state: the final weights once finished), best.ckpt, step*.ckpt
+
+    A file that is not there reads as empty ({}, or no checkpoints).
+    """
+
+    path: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", Path(self.path))
+
+    @property
+    def config_path(self) -> Path:
+        return self.path / "config.yaml"
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.path / "manifest.json"
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.path / "metrics.csv"
+
+    @property
+    def summary_path(self) -> Path:
+        return self.path / "eval.json"
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.path / "checkpoints"
+
+    @property
+    def last_checkpoint(self) -> Path:
+        return self.checkpoints_dir / "last.ckpt"
+
+    def config(self) -> dict[str, Any]:
+        """The configuration the run trained with (``yaml.safe_load``: a config is data)."""
+        import yaml
+
+        return (yaml.safe_load(self.config_path.read_text()) or {}) if self.config_path.is_file() else {}
+
+    def manifest(self) -> dict[str, Any]:
+        return json.loads(self.manifest_path.read_text()) if self.manifest_path.is_file() else {}
+
+    def summary(self) -> dict[str, Any]:
+        """eval.json: the run's RESULT values, how it ended, and its recorded evaluations (``eval``)."""
+        return json.loads(self.summary_path.read_text()) if self.summary_path.is_file() else {}
+
+    def metrics(self) -> list[dict[str, float]]:
+        """metrics.csv rows as {column: float}, empty cells dropped."""
+        if not self.metrics_path.is_file():
+            return []
+        with self.metrics_path.open(newline="") as f:
+            return [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(f)]
+
+    def checkpoints(self) -> list[Path]:
+        return sorted(self.checkpoints_dir.glob("*.ckpt"))
+
+    def has_checkpoint(self) -> bool:
+        """Whether last.ckpt is there: a state to resume, or the final weights to evaluate."""
+        return self.last_checkpoint.is_file()
+
+    def state(self) -> str:
+        """'finished' (eval.json from a completed fit), 'unfinished' (interrupted or preempted: a checkpoint to
+        resume) or 'missing'.
+
+        A finished run stays finished when its checkpoints were deleted to save disk (or left behind on the
+        machine that trained it): its eval.json holds its results.
+        """
+        if self.summary().get("finished"):
+            return "finished"
+        return "unfinished" if self.has_checkpoint() else "missing"
+
+    def arch(self) -> dict[str, Any]:
+        """``model.arch`` of the run's config ({} without config.yaml)."""
+        return (self.config().get("model") or {}).get("arch") or {}
+
+    def init(self) -> str | None:
+        """The weight init the run trained from (runs from before it was named: gpt2); None without config.yaml."""
+        return self.arch().get("init", "gpt2") if self.config_path.is_file() else None
 
 
 def code_revision() -> str:
@@ -125,10 +217,10 @@ class RunManifest(L.Callback):
             "kernels": self.kernels,
             "world_size": trainer.world_size,
         }
-        path = self.run_dir / "manifest.json"
-        earlier = json.loads(path.read_text()) if self.resumed_from_step is not None and path.is_file() else {}
+        run_dir = RunDir(self.run_dir)
+        earlier = run_dir.manifest() if self.resumed_from_step is not None else {}
         segments = earlier.get("segments") or ([legacy_segment(earlier)] if earlier else [])
-        write_json_atomic(path, {
+        write_json_atomic(run_dir.manifest_path, {
             "recipe": self.run.recipe,
             "base_recipe": self.run.base,
             "tuned_overlay": self.run.tuned_overlay or None,  # where LR and warmup came from ("none": untuned)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import torch
 from resnorm_lm.data.cache import write_json_atomic
 from resnorm_lm.model.generate import stream_text
 from resnorm_lm.model.gpt import count_parameters
-from resnorm_lm.train.runs import RunConfig, result_line, tokens_seen
+from resnorm_lm.train.runs import RunConfig, RunDir, result_line, tokens_seen
 
 
 def finish_run(trainer: L.Trainer, model, datamodule, run: RunConfig, run_dir: Path, preempted: bool = False) -> dict:
@@ -49,7 +48,7 @@ def finish_run(trainer: L.Trainer, model, datamodule, run: RunConfig, run_dir: P
         "clip": model.clips.summary(),  # how often clipping by norm bound; None: no clipping by norm counted
     }
     if trainer.is_global_zero:
-        write_json_atomic(run_dir / "eval.json", summary)
+        write_json_atomic(RunDir(run_dir).summary_path, summary)
         record_in_manifest(run_dir, summary)
         if summary["diverged"]:
             print(f"resnorm-lm: DIVERGED at step {summary['diverged_at_step']}: {summary['diverged_reason']}; "
@@ -62,13 +61,12 @@ def finish_run(trainer: L.Trainer, model, datamodule, run: RunConfig, run_dir: P
 
 def record_in_manifest(run_dir: Path, summary: dict) -> None:
     """The manifest says how the run ended too: finished, preempted or diverged (and why)."""
-    path = run_dir / "manifest.json"
-    manifest = json.loads(path.read_text()) if path.is_file() else {}
+    manifest = RunDir(run_dir).manifest()
     keys = ("step", "finished", "preempted", "diverged", "diverged_at_step", "diverged_reason", "skipped_steps")
     manifest["ended"] = {k: summary[k] for k in keys}
     if manifest.get("segments"):
         manifest["segments"][-1]["ended"] = manifest["ended"]
-    write_json_atomic(path, manifest)
+    write_json_atomic(RunDir(run_dir).manifest_path, manifest)
 
 
 def print_sample(model, datamodule, n_tokens: int, seed: int = 0) -> None:

@@ -1,0 +1,162 @@
+"""The depth axis of a comparison (``compare --depths``): depth.md/.csv (each recipe's validation loss at its pick,
+depth by depth, and the sizes), the depth figures (loss and chosen LR against depth, stability maps, gradient
+norms and stream RMS per depth) and the layer contribution at the picks (layer_contribution.md/.csv/.png,
+measured by ``resnorm_lm.analysis.layer_contribution``). docs/depth.md describes them.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+from pathlib import Path
+
+from resnorm_lm.analysis.layer_contribution import block_means, group_rows
+from resnorm_lm.analysis.report import num
+from resnorm_lm.analysis.sweep import Arm, RunSpec, Selection, chosen_runs
+from resnorm_lm.data.cache import atomic_write, write_csv_atomic
+
+
+def depth_rows(table: list[dict]) -> list[dict]:
+    """depth.csv: each (recipe, depth) at its pick, with its size and the tokens it saw per parameter."""
+    keys = ["recipe", "n_layer", "params", "tokens", "lr", "warmup", "lr_edge", "n_seeds", "val_loss_mean",
+            "val_loss_std", "test_loss_mean", "test_loss_std", "status"]  # fmt: skip
+    rows = []
+    for r in sorted(table, key=lambda r: (r["recipe"], r.get("n_layer") or 0)):
+        row = {k: r.get(k) for k in keys}
+        row["tokens_per_param"] = r["tokens"] / r["params"] if r.get("tokens") and r.get("params") else None
+        rows.append(row)
+    return rows
+
+
+def depth_markdown(rows: list[dict], unigram: float | None, command: str) -> str:
+    """depth.md: validation loss at each pick, a recipe per line and a depth per column, and the sizes."""
+    depths = sorted({r["n_layer"] for r in rows if r.get("n_layer")})
+    lines = ["# Depth: each recipe tuned at each depth", "", f"Command: `{command}`", "",
+             "Validation loss at each (recipe, depth)'s own chosen LR (mean ± std over the seeds at the pick), "
+             "and the LR. Every depth trains on the same tokens, so a deeper model has more parameters per "
+             f"token. Unigram reference: {num(unigram, None)} nats.", "",
+             "| recipe | " + " | ".join(f"depth {d}" for d in depths) + " |",
+             "|---" * (len(depths) + 1) + "|"]  # fmt: skip
+    for recipe in dict.fromkeys(r["recipe"] for r in rows):
+        cells = []
+        for depth in depths:
+            r = next((r for r in rows if r["recipe"] == recipe and r.get("n_layer") == depth), None)
+            if r is None:
+                cells.append("")
+                continue
+            if r.get("val_loss_mean") is None:
+                cells.append(r["status"])
+                continue
+            notes = [f"{r['lr_edge']} of grid"] if r.get("lr_edge") else []
+            notes += [] if r["status"] == "ok" else [r["status"]]
+            note = f" ({'; '.join(notes)})" if notes else ""
+            cells.append(f"{num(r['val_loss_mean'], r.get('val_loss_std'))} @ {r['lr']:g}{note}")
+        lines.append(f"| {recipe} | " + " | ".join(cells) + " |")
+    sizes = []
+    for depth in depths:
+        at = [r for r in rows if r.get("n_layer") == depth and r.get("params")]
+        if at:
+            params = sorted({r["params"] for r in at})
+            span = f"{params[0]:,}" + (f"-{params[-1]:,}" if len(params) > 1 else "")
+            sizes.append(f"{depth} blocks: {span} parameters, {at[0]['tokens']:,} tokens "
+                         f"({at[0]['tokens'] / params[-1]:.2f} tokens per parameter)")  # fmt: skip
+    if sizes:
+        lines += ["", "Sizes (parameters counted once, embeddings included; tokens seen in training):", ""]
+        lines += [f"- {line}" for line in sizes]
+    return "\n".join(lines) + "\n"
+
+
+def contribution_rows(picked: dict[tuple[str, int], list[tuple[RunSpec, Path]]],
+                      n_tokens: int) -> tuple[list[dict], list[str]]:  # fmt: skip
+    """layer_contribution.csv: a row per (recipe, depth, seed, block), measured on the runs at the picks;
+    and the runs that could not be measured (no checkpoint and no cached measurement)."""
+    from resnorm_lm.analysis.layer_contribution import run_contribution
+
+    rows, missing = [], []
+    for (recipe, n_layer), pairs in sorted(picked.items()):
+        for spec, run_dir in pairs:
+            record = run_contribution(run_dir, n_tokens)
+            if record is None:
+                missing.append(str(run_dir))
+                continue
+            per_block = zip(record["skipped_loss"], record["loss_increase"], record["angular_distance"])
+            for layer, (skipped, increase, angle) in enumerate(per_block):
+                rows.append({"recipe": recipe, "n_layer": n_layer, "seed": spec.seed, "layer": layer,
+                             "tokens": record["tokens"], "loss": record["loss"], "loss_skipped": skipped,
+                             "loss_increase": increase, "angular_distance": angle})  # fmt: skip
+    return rows, missing
+
+
+NEAR_IDENTITY_NATS = 0.01  # a block whose removal costs less than this does next to nothing
+
+
+def contribution_markdown(rows: list[dict]) -> str:
+    """layer_contribution.md: per (recipe, depth), means over seeds of the per-block numbers, summarised by
+    the first and last quarter of the blocks (every block's numbers are in the CSV)."""
+    tokens = sorted({r["tokens"] for r in rows})
+    lines = ["# Layer contribution at the chosen runs", "",
+             "Per block l: the validation loss increase when block l is skipped (its output replaced by its input; "
+             "LNS arXiv 2502.05795 and Mix-LN arXiv 2412.13795 measure the drop when one layer is removed), and "
+             "the angular distance between its input and output, (1/pi) arccos(cos_sim(x_l, x_{l+1})) averaged "
+             "over tokens (Gromov et al. 2024, arXiv 2403.17887). ResiDual: skipping passes both streams on; the "
+             "distance is on its post-norm stream. Measured on the first "
+             f"{', '.join(f'{t:,}' for t in tokens)} validation tokens, at the final weights of each seed at the "
+             "pick; means over the seeds. First / last quarter: the mean over the first / last ceil(L/4) blocks.",
+             "",
+             "| recipe | blocks | seeds | loss | Δloss first quarter | Δloss last quarter | largest Δloss (block) | "
+             "angle first quarter | angle last quarter | blocks under 0.01 nats |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for (recipe, n_layer), mine in sorted(group_rows(rows, ("recipe", "n_layer")).items()):
+        seeds = sorted({r["seed"] for r in mine})
+        layers, increase = block_means(mine, "loss_increase")
+        _, angle = block_means(mine, "angular_distance")
+        q = math.ceil(len(layers) / 4)
+        worst = max(range(len(layers)), key=lambda i: increase[i])
+        loss = statistics.fmean(r["loss"] for r in mine if r["layer"] == 0)
+        near_identity = sum(v < NEAR_IDENTITY_NATS for v in increase)
+        cells = [recipe, str(n_layer), str(len(seeds)), f"{loss:.3f}", f"{statistics.fmean(increase[:q]):.3f}",
+                 f"{statistics.fmean(increase[-q:]):.3f}", f"{increase[worst]:.3f} ({layers[worst]})",
+                 f"{statistics.fmean(angle[:q]):.3f}", f"{statistics.fmean(angle[-q:]):.3f}",
+                 f"{near_identity}/{len(layers)}"]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_depth_results(selections: dict[Arm, Selection], runs: dict[RunSpec, Path], table: list[dict],
+                        grid: list[dict], unigram: float | None, out_dir: Path, command: str,
+                        contribution_tokens: int) -> list[str]:  # fmt: skip
+    """depth.md/.csv, depth_loss.png, depth_lr.png, stability_map.png, depth_grad_norms.png and the layer
+    contribution (md, csv, png) at the picks; returns the names written."""
+    from resnorm_lm.analysis import plots
+
+    rows = depth_rows(table)
+    with atomic_write(out_dir / "depth.md", "w") as f:
+        f.write(depth_markdown(rows, unigram, command))
+    write_csv_atomic(out_dir / "depth.csv", rows)
+    plots.plot_depth_loss(table, unigram, out_dir)
+    plots.plot_depth_lr(table, out_dir)
+    plots.plot_stability_maps(grid, unigram, out_dir)
+    written = ["depth.md", "depth.csv", "depth_loss.png", "depth_lr.png", "stability_map.png"]
+    picked = {(sel.recipe, sel.n_layer): chosen_runs(sel, runs) for sel in selections.values()}
+    picked = {key: pairs for key, pairs in picked.items() if pairs}
+    if picked:  # one seed per pick: the lowest
+        at_picks = {key: pairs[0][1] for key, pairs in picked.items()}
+        plots.plot_depth_grad_norms(at_picks, out_dir)
+        written.append("depth_grad_norms.png")
+        if plots.plot_depth_stream_rms(at_picks, out_dir):
+            written.append("depth_stream_rms.png")
+    if contribution_tokens > 0 and picked:
+        print(f"compare: layer contribution of {sum(map(len, picked.values()))} run(s) at the picks", flush=True)
+        contribution, missing = contribution_rows(picked, contribution_tokens)
+        if missing:
+            print(f"compare: layer contribution: {len(missing)} run(s) have neither a checkpoint nor a cached "
+                  f"measurement and are left out: {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}",
+                  file=sys.stderr)  # fmt: skip
+        if contribution:
+            with atomic_write(out_dir / "layer_contribution.md", "w") as f:
+                f.write(contribution_markdown(contribution))
+            write_csv_atomic(out_dir / "layer_contribution.csv", contribution)
+            plots.plot_layer_contribution(contribution, out_dir)
+            written += ["layer_contribution.md", "layer_contribution.csv", "layer_contribution.png"]
+    return written
