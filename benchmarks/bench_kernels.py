@@ -12,8 +12,17 @@ a realistic batch, it times forward and forward+backward two ways, kept apart:
   come from it.
 - wall time: triton.testing.do_bench of the plain eager call, what a caller sees; where it is well
   above the GPU time, the host (Python, launches) sets the pace.
-Host time per call is measured on its own on a tiny input, where the GPU does almost nothing.
+Host time per call is measured on its own on a tiny input, where the GPU does almost nothing, after the table.
 The figures are printed, never asserted.
+
+Each case starts from scratch, so that no case times what an earlier one left behind:
+- autotune's picks are forgotten (``reset_autotune``): its key is the width and the variant, not the row count,
+  so a pick made on another case's rows (the host-time section's 8 rows, say) would be reused as it is;
+- torch.compile's caches are reset (``torch._dynamo.reset()``) and the function compiled with ``dynamic=False``:
+  Dynamo's cache belongs to the function's code, so without the reset a second width would recompile it with
+  dynamic shapes (automatic dynamic) and the compile column would time a dynamic-shape kernel, and past the
+  recompile limit (8) it would time eager torch instead. The reset is what prevents both; ``dynamic=False``
+  says the intent (one static-shape kernel per case).
 """
 
 from __future__ import annotations
@@ -90,11 +99,24 @@ def profiler_kernel_ms(fn, grad_to_none=None, calls: int = 20) -> float:
     return kernel_us / calls / 1e3
 
 
+def reset_autotune() -> None:
+    """Forget autotune's picks: the next launch of each width and variant tunes again, on its own rows."""
+    import resnorm_lm.model.kernels.add_norm as kernels
+
+    for tuned in (kernels._add_norm_fwd_tuned, kernels._add_norm_bwd_tuned):
+        tuned.cache.clear()
+    kernels._PICKED.clear()  # the eager path's copy of the picks
+
+
 def bench_case(norm, with_d, dtype, n, rows, device, copy_gbs):
+    import torch._dynamo
     from triton.testing import do_bench
 
     from resnorm_lm.model.kernels.add_norm_ops import add_norm
     from resnorm_lm.model.kernels.add_norm_ops import norm as fused_norm
+
+    reset_autotune()
+    torch._dynamo.reset()  # a static-shape compile of this case alone (the module docstring says why)
 
     is_rms = norm == "rmsnorm"
     x = torch.randn(rows, n, dtype=dtype, device=device, requires_grad=True)
@@ -106,7 +128,7 @@ def bench_case(norm, with_d, dtype, n, rows, device, copy_gbs):
     def fused():
         return add_norm(x, d, w, b, eps, is_rms) if with_d else (fused_norm(x, w, b, eps, is_rms), x)
 
-    compiled = torch.compile(torch_add_norm)
+    compiled = torch.compile(torch_add_norm, dynamic=False)
     impls = {
         "triton": fused,
         "torch": lambda: torch_add_norm(x, d, w, b, eps, is_rms),
@@ -162,8 +184,12 @@ def us_per_call(fn, dy, backward: bool, calls: int, sync=lambda: None) -> float:
 def host_overhead_us(device, n: int = 768, rows: int = 8, calls: int = 300) -> list[dict]:
     """Host (CPU) microseconds per call on a tiny input, where GPU time is negligible: the launch cost, in
     eager (the fast path, the operators) and inside compiled graphs (Inductor launching the kernels)."""
+    import torch._dynamo
+
     from resnorm_lm.model.kernels.add_norm_ops import add_norm, add_norm_fwd
 
+    reset_autotune()  # tuned on these rows, apart from the table's
+    torch._dynamo.reset()
     x = torch.randn(rows, n, dtype=torch.bfloat16, device=device, requires_grad=True)
     d = torch.randn_like(x, requires_grad=True)
     w = torch.ones(n, dtype=torch.bfloat16, device=device, requires_grad=True)
@@ -233,6 +259,12 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=16 * 1024, help="tokens per call (default: 16 x 1024)")
     parser.add_argument("--hidden", type=int, nargs="+", default=[768, 1024, 2048, 4096, 8192])
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float16", "float32"])
+    parser.add_argument("--norms", nargs="+", choices=["layernorm", "rmsnorm"], default=["layernorm", "rmsnorm"])
+    parser.add_argument("--residual", nargs="+", choices=["yes", "no"], default=["yes", "no"],
+                        help="with the residual add (Add & Norm), without (the norm alone), or both")  # fmt: skip
+    parser.add_argument("--skip-host-time", action="store_true", help="leave out the host time per call")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="wall time to keep to: no case is started that would not finish by then")  # fmt: skip
     parser.add_argument("--csv", default=str(ROOT / "benchmarks" / "results" / "kernels.csv"))
     parser.add_argument("--python-overhead", action="store_true",
                         help="no GPU needed: host time of the Python around the kernels, "
@@ -244,9 +276,17 @@ def main() -> int:
     if not torch.cuda.is_available():
         if os.environ.get("TRITON_INTERPRET") == "1":
             return interpreter_smoke()
-        print("bench-kernels: no CUDA GPU on this machine, nothing to measure (skipped). "
+        print("bench-kernels: skipped: no CUDA GPU on this machine, nothing to measure. "
               "Run it on a GPU, or with TRITON_INTERPRET=1 for a smoke check.")  # fmt: skip
         return 0
+    return table(args)
+
+
+def table(args) -> int:
+    """The table on the GPU, each case printed and saved as it finishes, then the host time per call."""
+    import time
+
+    started = time.monotonic()
     device = torch.device("cuda")
     copy_gbs = copy_bandwidth(device)
     import triton
@@ -254,12 +294,6 @@ def main() -> int:
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}  "
           f"python {platform.python_version()}")  # fmt: skip
     print(f"device-to-device copy: {copy_gbs:.0f} GB/s (the ceiling for of_copy)")
-    overhead = host_overhead_us(device)
-    print("host time per call, layernorm + residual, 8 x 768 bf16 (launch-bound), microseconds:")
-    for impl in dict.fromkeys(r["impl"] for r in overhead):
-        fwd, both = (next(r["us_per_call"] for r in overhead if (r["impl"], r["phase"]) == (impl, p))
-                     for p in ("fwd", "fwd+bwd"))  # fmt: skip
-        print(f"  {impl:26} fwd {fwd:7.1f}   fwd+bwd {both:7.1f}")
     impls = ("triton", "torch", "compile")
     print(f"\n{args.rows} rows. GPU time in us (CUDA-graph replay, no host time) and its fraction of copy bandwidth; "
           "then the eager wall time of one call (do_bench), where host time shows:")  # fmt: skip
@@ -267,27 +301,47 @@ def main() -> int:
           + " ".join(f"{impl + ' us':>11} {'(copy)':>6}" for impl in impls)
           + " " + " ".join(f"{impl + ' wall':>12}" for impl in impls), flush=True)  # fmt: skip
     Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
-    results = []
+    # Add & Norm first (the fused kernel's purpose), width by width, both norms at each: a table cut short by
+    # its budget still has every norm at the widths it reached
+    cases = [(dtype, norm, residual == "yes", n) for dtype in args.dtypes for residual in args.residual
+             for n in args.hidden for norm in args.norms]  # fmt: skip
+    results, slowest = [], 0.0
     with open(args.csv, "w", newline="") as f:  # written as the cases finish: a run cut short keeps what it has
         writer = None
-        for dtype in (getattr(torch, name) for name in args.dtypes):
-            for norm in ("layernorm", "rmsnorm"):
-                for with_d in (True, False):
-                    for n in args.hidden:
-                        case = bench_case(norm, with_d, dtype, n, args.rows, device, copy_gbs)
-                        writer = writer or csv.DictWriter(f, fieldnames=list(case[0]))
-                        if not results:
-                            writer.writeheader()
-                        writer.writerows(case)
-                        f.flush()
-                        results += case
-                        keyed = {(r["phase"], r["impl"]): r for r in case}
-                        for phase in ("fwd", "bwd", "fwd+bwd"):
-                            cells = " ".join(f"{keyed[phase, i]['gpu_us']:11.1f} {keyed[phase, i]['of_copy']:6.2f}"
-                                             for i in impls)  # fmt: skip
-                            walls = " ".join(f"{keyed[phase, i]['wall_us']:12.1f}" for i in impls)
-                            print(f"{norm:9} {'yes' if with_d else 'no':3} {case[0]['dtype']:8} {n:6d} {phase:7} "
-                                  f"{cells} {walls}", flush=True)  # fmt: skip
+        for index, (dtype, norm, with_d, n) in enumerate(cases):
+            if args.budget_s and time.monotonic() - started + max(slowest, 30.0) > args.budget_s:
+                left = ", ".join(f"{c[1]} {'yes' if c[2] else 'no'} {c[0]} {c[3]}" for c in cases[index:])
+                print(f"stopped by the time budget ({args.budget_s:.0f} s) before: {left}", flush=True)
+                break
+            t0 = time.monotonic()
+            try:
+                case = bench_case(norm, with_d, getattr(torch, dtype), n, args.rows, device, copy_gbs)
+            except Exception as err:  # one case failing (a compile, a launch) leaves the others' rows
+                print(f"{norm:9} {'yes' if with_d else 'no':3} {dtype:8} {n:6d} failed: {type(err).__name__}: "
+                      f"{str(err)[:300]}", flush=True)  # fmt: skip
+                continue
+            slowest = max(slowest, time.monotonic() - t0)
+            writer = writer or csv.DictWriter(f, fieldnames=list(case[0]))
+            if not results:
+                writer.writeheader()
+            writer.writerows(case)
+            f.flush()
+            results += case
+            keyed = {(r["phase"], r["impl"]): r for r in case}
+            for phase in ("fwd", "bwd", "fwd+bwd"):
+                cells = " ".join(f"{keyed[phase, i]['gpu_us']:11.1f} {keyed[phase, i]['of_copy']:6.2f}" for i in impls)
+                walls = " ".join(f"{keyed[phase, i]['wall_us']:12.1f}" for i in impls)
+                print(f"{norm:9} {'yes' if with_d else 'no':3} {case[0]['dtype']:8} {n:6d} {phase:7} {cells} {walls}",
+                      flush=True)  # fmt: skip
+    if not args.skip_host_time and not (args.budget_s and time.monotonic() - started + 60 > args.budget_s):
+        overhead = host_overhead_us(device)
+        print("\nhost time per call, layernorm + residual, 8 x 768 bf16 (launch-bound), microseconds:")
+        for impl in dict.fromkeys(r["impl"] for r in overhead):
+            fwd, both = (next(r["us_per_call"] for r in overhead if (r["impl"], r["phase"]) == (impl, p))
+                         for p in ("fwd", "fwd+bwd"))  # fmt: skip
+            print(f"  {impl:26} fwd {fwd:7.1f}   fwd+bwd {both:7.1f}")
+    elif not args.skip_host_time:
+        print("host time per call: left out by the time budget")
     if any(r["gpu_timing"] != "cudagraph" for r in results):
         print("(some GPU times are the profiler's kernel sums: their CUDA graph could not be captured; gpu_timing "
               "in the CSV says which)")  # fmt: skip

@@ -89,23 +89,34 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-# the model each bench profile times: the profile's own prenorm-12l; on a GPU, GPT-2 small on Shakespeare (offline)
+# the model each bench profile times: the profile's own prenorm-12l; on a GPU, GPT-2 small on Shakespeare (offline);
+# smoke: a tiny model, to check the plumbing (benchmarks/gpu_session.py --dry-run)
 BENCH_PROFILES = {
     "cpu": {"fit": ["--profile", "cpu"], "data": {}, "warmup": 8, "steps": 40, "quick": (4, 12)},
     "gpu": {"fit": ["--profile", "gpu", "--data.corpus=shakespeare", "--trainer.accumulate_grad_batches=1",
                     "--trainer.num_sanity_val_steps=0"],
             "data": {"corpus": "shakespeare"}, "warmup": 15, "steps": 45, "quick": (5, 15)},
+    "smoke": {"fit": ["--profile", "smoke"], "data": {}, "warmup": 2, "steps": 6, "quick": (1, 3)},
 }  # fmt: skip
 
 
-def lightning_child(profile: str, compile_: bool, steps: int, warmup: int, out: str) -> None:
+def data_overrides(data_files: list[str] | None) -> tuple[list[str], dict]:
+    """``--data-files``: local text files in place of the profile's corpus, as `fit` options and as data settings."""
+    if not data_files:
+        return [], {}
+    return ["--data.corpus=text", f"--data.files=[{','.join(data_files)}]"], {"corpus": "text", "files": data_files}
+
+
+def lightning_child(profile: str, compile_: bool, steps: int, warmup: int, out: str,
+                    data_files: list[str] | None = None) -> None:  # fmt: skip
     """`resnorm-lm fit` on the profile's prenorm-12l, with every callback a user run has."""
     from resnorm_lm.cli import main
 
     os.environ["RESNORM_LM_BENCH_OUT"] = out
     os.environ["RESNORM_LM_BENCH_WARMUP"] = str(warmup)
     with tempfile.TemporaryDirectory() as root:
-        code = main(["fit", "--recipe", "prenorm-12l", *BENCH_PROFILES[profile]["fit"], f"--run.root={root}",
+        code = main(["fit", "--recipe", "prenorm-12l", *BENCH_PROFILES[profile]["fit"], *data_overrides(data_files)[0],
+                     f"--run.root={root}",
                      f"--model.compile={str(compile_).lower()}", f"--trainer.max_steps={steps}",
                      f"--trainer.val_check_interval={steps * 10}", "--run.sample_tokens=0",
                      "--trainer.enable_progress_bar=false",
@@ -117,17 +128,18 @@ def lightning_child(profile: str, compile_: bool, steps: int, warmup: int, out: 
     Path(out).write_text(json.dumps(data))
 
 
-def bench_config(profile: str) -> tuple[dict, dict, dict]:
+def bench_config(profile: str, data_files: list[str] | None = None) -> tuple[dict, dict, dict]:
     """The profile's config, and the data and architecture settings of its prenorm-12l as the bench runs it."""
     import yaml
 
     config = yaml.safe_load((ROOT / f"recipes/profiles/{profile}.yaml").read_text())
     recipe = yaml.safe_load((ROOT / "recipes/prenorm-12l.yaml").read_text())
-    data_cfg = {**config["data"], **BENCH_PROFILES[profile]["data"]}
+    data_cfg = {**config["data"], **BENCH_PROFILES[profile]["data"], **data_overrides(data_files)[1]}
     return config, data_cfg, {**config["model"]["arch"], **recipe["model"]["arch"]}
 
 
-def bare_child(profile: str, compile_: bool, steps: int, warmup: int, out: str) -> None:
+def bare_child(profile: str, compile_: bool, steps: int, warmup: int, out: str,
+               data_files: list[str] | None = None) -> None:  # fmt: skip
     """The same model, data, precision, optimizer, schedule and clipping as plainly as possible."""
     import torch
 
@@ -137,7 +149,7 @@ def bare_child(profile: str, compile_: bool, steps: int, warmup: int, out: str) 
     from resnorm_lm.train.optim import OptimConfig, build_optimizer
     from resnorm_lm.train.precision import choose_auto, set_matmul_precision_for
 
-    config, data_cfg, arch = bench_config(profile)
+    config, data_cfg, arch = bench_config(profile, data_files)
     device = torch.device("cuda" if profile == "gpu" else "cpu")
     set_matmul_precision_for(device.type == "cuda")
     autocast = choose_auto(device.type == "cuda").precision == "bf16-mixed"  # what `precision: auto` picks in fit
@@ -177,17 +189,28 @@ def bare_child(profile: str, compile_: bool, steps: int, warmup: int, out: str) 
                                      "precision": "bf16-mixed" if autocast else "32-true"}))  # fmt: skip
 
 
-def run_child(kind: str, profile: str, compile_: bool, steps: int, warmup: int) -> dict:
+class ChildFailed(Exception):
+    """A timed child that exited with an error, or ran out of the time it was given: its row says so."""
+
+
+def run_child(kind: str, profile: str, compile_: bool, steps: int, warmup: int, timeout_s: float | None = None,
+              data_files: list[str] | None = None) -> dict:  # fmt: skip
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = f.name
     cmd = [sys.executable, __file__, "--child", kind, "--profile", profile, f"--child-compile={int(compile_)}",
-           "--steps", str(steps), "--warmup", str(warmup), "--out", out]  # fmt: skip
-    done = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"bench child {kind} (compile={compile_}) failed:\n{done.stderr[-4000:]}")
-    data = json.loads(Path(out).read_text())
-    os.unlink(out)
-    return data
+           "--steps", str(steps), "--warmup", str(warmup), "--out", out,
+           *(["--data-files", *data_files] if data_files else [])]  # fmt: skip
+    try:
+        done = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              timeout=timeout_s)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise ChildFailed(f"bench child {kind} (compile={compile_}) ran past its {timeout_s:.0f} s") from None
+    try:
+        if done.returncode != 0:
+            raise ChildFailed(f"bench child {kind} (compile={compile_}) failed:\n{done.stderr[-4000:]}")
+        return json.loads(Path(out).read_text())
+    finally:
+        os.unlink(out)
 
 
 def steady_rate(data: dict, warmup: int, tokens_per_step: int) -> dict:
@@ -244,11 +267,14 @@ def bench_norms(widths: list[int], rows: int, repeat: int) -> list[dict]:
     return out
 
 
-def bench_steps(steps: int, device, variants: list[dict], shape: dict, relative_to: dict) -> list[dict]:
+def bench_steps(steps: int, device, variants: list[dict], shape: dict, relative_to: dict,
+                deadline: float | None = None) -> list[dict]:  # fmt: skip
     """Step time (fwd + bwd + AdamW, precision as `auto` picks) of the profile's 12-block model, for each variant
     (GPTConfig overrides plus ``compile``), timed side by side: one step of each in turn, ``steps`` rounds after
     one untimed round, the median per variant. ``ratio`` is against the variant matching ``relative_to`` in
-    the keys it names and sharing the variant's other keys."""
+    the keys it names and sharing the variant's other keys. Fewer rounds (at least two) once ``deadline``
+    (``time.monotonic()``) has passed. A variant whose step raises is left out of the timing: its row holds
+    the error, no time."""
     import torch
 
     from resnorm_lm.model.gpt import GPT, GPTConfig
@@ -283,18 +309,29 @@ def bench_steps(steps: int, device, variants: list[dict], shape: dict, relative_
         return step
 
     steppers = [make_step(v) for v in variants]
-    times = [[] for _ in variants]
+    times: list[list[float]] = [[] for _ in variants]
+    errors: list[str | None] = [None for _ in variants]
     for round_ in range(steps + 1):
-        for fn, t in zip(steppers, times):
+        if deadline is not None and round_ > 2 and time.monotonic() > deadline:
+            print(f"  (time budget: {round_ - 1} timed rounds of {steps})", flush=True)
+            break
+        for i, (fn, t) in enumerate(zip(steppers, times)):
+            if errors[i]:
+                continue
             t0 = time.perf_counter()
-            fn()
+            try:
+                fn()
+            except Exception as err:  # one variant failing (a kernel, a compile) leaves the others' times
+                errors[i] = f"{type(err).__name__}: {err}"[:300]
+                print(f"  {variants[i]}: failed: {errors[i]}", flush=True)
+                continue
             if round_:  # the first round compiles and warms up
                 t.append(time.perf_counter() - t0)
-    out = [{**v, "step_s": statistics.median(t)} for v, t in zip(variants, times)]
+    out = [{**v, "step_s": statistics.median(t) if t else None, "error": e} for v, t, e in zip(variants, times, errors)]
     for r in out:
         base = next(b["step_s"] for b in out if all(b[k] == (relative_to.get(k, r[k])) for k in variants[0]))
-        r["ratio"] = round(r["step_s"] / base, 3)
-        r["step_s"] = round(r["step_s"], 4)
+        r["ratio"] = round(r["step_s"] / base, 3) if r["step_s"] and base else None
+        r["step_s"] = round(r["step_s"], 4) if r["step_s"] is not None else None
     return out
 
 
@@ -338,16 +375,18 @@ def anatomy_row(r: dict) -> dict:
     return flat
 
 
-def write_csv(name: str, rows: list[dict]) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    with open(RESULTS / name, "w", newline="") as f:
+def write_csv(name: str, rows: list[dict], folder: Path = RESULTS) -> None:
+    if not rows:
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / name, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
 
 
 def peak_flops() -> float | None:
-    """The GPU's dense bf16 peak (Lightning's table), for MFU; None off CUDA."""
+    """The GPU's dense bf16 peak (Lightning's table), for MFU; None off CUDA or where the table has no entry."""
     import torch
     from lightning.fabric.utilities.throughput import get_available_flops
 
@@ -356,18 +395,41 @@ def peak_flops() -> float | None:
     return get_available_flops(torch.device("cuda"), torch.bfloat16)
 
 
-def bench_throughput(profile: str, compiles: list[bool], rounds: int, steps: int, warmup: int) -> list[dict]:
-    """Lightning's `fit` against the bare loop, alternating, each in its own process; medians over rounds."""
+def no_peak_reason() -> str:
+    """Why MFU is left out: no GPU, or a GPU (an H200 named plainly "NVIDIA H200", say) Lightning has no peak for."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "no CUDA"
+    return f"Lightning's table has no dense bf16 peak for {torch.cuda.get_device_name()!r}"
+
+
+def bench_throughput(profile: str, compiles: list[bool], rounds: int, steps: int, warmup: int,
+                     deadline: float | None = None, data_files: list[str] | None = None) -> list[dict]:  # fmt: skip
+    """Lightning's `fit` against the bare loop, alternating, each in its own process; medians over rounds.
+
+    A child that fails or outlasts ``deadline`` (``time.monotonic()``) is reported and left out; a path with
+    no run left has a row with its error and no figures."""
     peak = peak_flops() if profile == "gpu" else None
-    _, data_cfg, _ = bench_config(profile)
+    _, data_cfg, _ = bench_config(profile, data_files)
     tokens_per_step = data_cfg["batch_size"] * data_cfg["block_size"]
     rows = []
     for compiled in compiles:
         rates: dict[str, list[dict]] = {"lightning": [], "bare": []}
+        errors: dict[str, str] = {}
         per_token = None  # the bare child counts the model's parameters
         for _ in range(rounds):
             for kind, runs in rates.items():
-                data = run_child(kind, profile, compiled, steps, warmup)
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left < 10:
+                    errors.setdefault(kind, "skipped: out of time")
+                    continue
+                try:
+                    data = run_child(kind, profile, compiled, steps, warmup, left, data_files)
+                except ChildFailed as err:
+                    errors[kind] = str(err).splitlines()[0]
+                    print(f"  {kind} (compile={str(compiled).lower()}): {err}", flush=True)
+                    continue
                 per_token = data.get("flops_per_token", per_token)
                 runs.append(steady_rate(data, warmup, tokens_per_step))
                 # as each child ends: a long benchmark cut short still says something
@@ -375,27 +437,43 @@ def bench_throughput(profile: str, compiles: list[bool], rounds: int, steps: int
                     f"  {kind} (compile={str(compiled).lower()}): {runs[-1]['tokens_per_s']:.0f} tokens/s", flush=True
                 )
         for kind, runs in rates.items():
-            tps = statistics.median(r["tokens_per_s"] for r in runs)
-            rows.append({"path": kind, "compile": compiled, "tokens_per_s": round(tps),
-                         "step_s": round(statistics.median(r["step_s"] for r in runs), 4),
-                         "gap_fraction": round(statistics.median(r["gap_fraction"] for r in runs), 4),
-                         "mfu": round(tps * per_token / peak, 3) if peak else None,
-                         "max_rss_mb": round(max(r["max_rss_mb"] for r in runs))})  # fmt: skip
+            row = {"path": kind, "compile": compiled, "tokens_per_s": None, "step_s": None, "gap_fraction": None,
+                   "mfu": None, "max_rss_mb": None, "runs": len(runs), "error": errors.get(kind)}  # fmt: skip
+            if runs:
+                tps = statistics.median(r["tokens_per_s"] for r in runs)
+                row.update(tokens_per_s=round(tps), step_s=round(statistics.median(r["step_s"] for r in runs), 4),
+                           gap_fraction=round(statistics.median(r["gap_fraction"] for r in runs), 4),
+                           mfu=round(tps * per_token / peak, 3) if peak and per_token else None,
+                           max_rss_mb=round(max(r["max_rss_mb"] for r in runs)))  # fmt: skip
+            rows.append(row)
     return rows
 
 
-def print_throughput(rows: list[dict], profile: str, rounds: int, steps: int, warmup: int) -> None:
+def cell(value, spec: str, width: int) -> str:
+    """``value`` formatted by ``spec``, or "n/a" where it was not measured, right-aligned in ``width``."""
+    return f"{value:{width}{spec}}" if value is not None else f"{'n/a':>{width}}"
+
+
+def print_throughput(rows: list[dict], profile: str, rounds: int, steps: int, warmup: int,
+                     mfu_missing: str = "") -> None:  # fmt: skip
     print(f"training throughput, {profile} profile prenorm-12l ({PROFILE_SHAPES[profile]}), "
           f"steps {warmup}..{steps} of {rounds} alternating run(s) each, medians:")  # fmt: skip
     gpu = profile == "gpu"
     print(f"{'path':10} {'compile':8} {'tokens/s':>9} {'s/step':>8} "
           + (f"{'MFU':>6}" if gpu else f"{'between steps':>14} {'peak RSS MB':>12}"))  # fmt: skip
     for r in rows:
-        tail = f"{r['mfu']:6.3f}" if gpu else f"{r['gap_fraction']:13.2%} {r['max_rss_mb']:12d}"
-        print(f"{r['path']:10} {str(r['compile']).lower():8} {r['tokens_per_s']:9d} {r['step_s']:8.4f} {tail}")
+        tail = (cell(r["mfu"], ".3f", 6) if gpu
+                else f"{cell(r['gap_fraction'], '.2%', 13)} {cell(r['max_rss_mb'], 'd', 12)}")  # fmt: skip
+        error = f"  ({r['error']})" if r.get("error") else ""
+        print(f"{r['path']:10} {str(r['compile']).lower():8} {cell(r['tokens_per_s'], 'd', 9)} "
+              f"{cell(r['step_s'], '.4f', 8)} {tail}{error}")  # fmt: skip
     for compiled in sorted({r["compile"] for r in rows}):
         pair = {r["path"]: r["tokens_per_s"] for r in rows if r["compile"] == compiled}
-        print(f"lightning_vs_bare_ratio (compile={str(compiled).lower()})={pair['lightning'] / pair['bare']:.3f}")
+        ratio = f"{pair['lightning'] / pair['bare']:.3f}" if pair.get("lightning") and pair.get("bare") else "n/a"
+        print(f"lightning_vs_bare_ratio (compile={str(compiled).lower()})={ratio}"
+              + ("" if ratio != "n/a" else " (a path has no run: see its row)"))  # fmt: skip
+    if gpu and any(r["tokens_per_s"] and r["mfu"] is None for r in rows):
+        print(f"MFU: left out: {mfu_missing or 'the FLOPs per token are unknown (the bare child did not finish)'}")
     if gpu:
         print("(MFU: (6N + 12 L C T) FLOPs per token x tokens/s / the GPU's dense bf16 peak; the device is "
               "synchronized only where the timed window opens and closes)\n")  # fmt: skip
@@ -407,11 +485,13 @@ def print_throughput(rows: list[dict], profile: str, rounds: int, steps: int, wa
 PROFILE_SHAPES = {
     "cpu": "12 x 128 wide, context 128, batch 16, precision as `auto` picks",
     "gpu": "GPT-2 small: 12 x 768 wide, vocab 32768, context 1024, batch 32, bf16-mixed, Shakespeare",
+    "smoke": "a plumbing check: 12 x 32 wide, context 32, batch 4, fp32",
 }
 NORM_NAMES = ("layernorm", "rmsnorm", "scalenorm", "dyt")  # the norm table's rows (dyt_llm computes as dyt)
 PLACEMENT_SHAPES = {
     "cpu": {"vocab": 8192, "block": 128, "heads": 4, "width": 128, "batch": 16},
     "gpu": {"vocab": 32768, "block": 1024, "heads": 12, "width": 768, "batch": 32},
+    "smoke": {"vocab": 512, "block": 32, "heads": 2, "width": 32, "batch": 4},
 }
 
 
@@ -419,14 +499,17 @@ def print_step_rows(rows: list[dict], columns: tuple[tuple[str, int], ...]) -> N
     """One line per ``bench_steps`` row: the named columns at their widths, compile, the step time, the ratio."""
     for r in rows:
         named = " ".join(f"{r[key]:{width}}" for key, width in columns)
-        print(f"  {named} compile={str(r['compile']).lower():5} {r['step_s']:.4f} s  x{r['ratio']:.2f}")
+        timed = f"{r['step_s']:.4f} s" if r["step_s"] is not None else f"failed: {r['error']}"
+        ratio = f"  x{r['ratio']:.2f}" if r["ratio"] is not None else ""
+        print(f"  {named} compile={str(r['compile']).lower():5} {timed}{ratio}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer steps, rounds and widths")
-    parser.add_argument("--profile", choices=["auto", "cpu", "gpu"], default="auto",
-                        help="the model and data timed (auto: gpu where CUDA is available)")  # fmt: skip
+    parser.add_argument("--profile", choices=["auto", "cpu", "gpu", "smoke"], default="auto",
+                        help="the model and data timed (auto: gpu where CUDA is available; smoke: a tiny "
+                        "model, to check the plumbing)")  # fmt: skip
     parser.add_argument("--compile", choices=["off", "on", "both"], default=None,
                         help="torch.compile in the throughput and placement tables "
                         "(default: off on cpu, both on gpu)")  # fmt: skip
@@ -435,6 +518,14 @@ def main() -> int:
     parser.add_argument("--only", nargs="+", default=None,
                         choices=["anatomy", "throughput", "placements", "norm-steps", "eval", "norms"],
                         help="run only these sections")  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="alternating runs of each path (default: 2 on cpu, 1 on gpu or with --quick)")  # fmt: skip
+    parser.add_argument("--results", type=Path, default=RESULTS, help="where the CSVs go (default: %(default)s)")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="wall time to keep to: children past it are stopped and reported, "
+                        "rounds cut short")  # fmt: skip
+    parser.add_argument("--data-files", nargs="+", default=None,
+                        help="local text files (paths or globs) in place of the profile's corpus")  # fmt: skip
     parser.add_argument("--child", choices=["lightning", "bare"], help=argparse.SUPPRESS)
     parser.add_argument("--child-compile", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--steps", type=int, default=0, help=argparse.SUPPRESS)
@@ -446,8 +537,9 @@ def main() -> int:
     profile = args.profile if args.profile != "auto" else ("gpu" if torch.cuda.is_available() else "cpu")
     if args.child:
         child = lightning_child if args.child == "lightning" else bare_child
-        child(profile, bool(args.child_compile), args.steps, args.warmup, args.out)
+        child(profile, bool(args.child_compile), args.steps, args.warmup, args.out, args.data_files)
         return 0
+    deadline = time.monotonic() + args.budget_s if args.budget_s else None
     if profile == "gpu" and not torch.cuda.is_available():
         print("bench: --profile gpu needs a CUDA GPU; none here", file=sys.stderr)
         return 2
@@ -456,7 +548,7 @@ def main() -> int:
     sections = args.only or ["anatomy", "throughput", "placements", "norm-steps", "eval", "norms"]
     bp = BENCH_PROFILES[profile]
     warmup, steps = bp["quick"] if args.quick else (bp["warmup"], bp["steps"])
-    rounds = 1 if args.quick or profile == "gpu" else 2
+    rounds = args.rounds or (2 if profile == "cpu" and not args.quick else 1)
     widths = [128, 1024] if args.quick else [128, 256, 512, 1024, 2048, 4096]
     print(f"machine: {machine()}")
     print(f"command: {' '.join([Path(sys.argv[0]).name, *sys.argv[1:]])}\n")
@@ -466,14 +558,14 @@ def main() -> int:
         from benchmarks.step_anatomy import run as step_anatomy
 
         anatomy = step_anatomy(quick=args.quick)
-        write_csv("step_anatomy_cpu.csv", [anatomy_row(r) for r in anatomy])
+        write_csv("step_anatomy_cpu.csv", [anatomy_row(r) for r in anatomy], args.results)
         written.append("step_anatomy_cpu.csv")
         print()
 
     if "throughput" in sections:
-        rows = bench_throughput(profile, compiles, rounds, steps, warmup)
-        print_throughput(rows, profile, rounds, steps, warmup)
-        write_csv(f"training_{profile}.csv", rows)
+        rows = bench_throughput(profile, compiles, rounds, steps, warmup, deadline, args.data_files)
+        print_throughput(rows, profile, rounds, steps, warmup, no_peak_reason() if profile == "gpu" else "")
+        write_csv(f"training_{profile}.csv", rows, args.results)
         written.append(f"training_{profile}.csv")
 
     if "eval" in sections and profile == "cpu":
@@ -486,15 +578,17 @@ def main() -> int:
 
         device = torch.device("cuda" if profile == "gpu" else "cpu")
         names = args.placements or (["prenorm", "postnorm"] if profile == "gpu" else PLACEMENTS.names())
+        if profile != "gpu":
+            print("step time by placement: the triton backend is timed on a GPU only (no CUDA here)")
         backends = ["torch", "triton"] if profile == "gpu" else ["torch"]
         variants = [{"placement": p, "norm_backend": b, "compile": c}
                     for p in names for b in backends for c in compiles]  # fmt: skip
         placements = bench_steps(3 if args.quick else 5, device, variants, PLACEMENT_SHAPES[profile],
-                                 relative_to={"placement": "prenorm"})  # fmt: skip
+                                 relative_to={"placement": "prenorm"}, deadline=deadline)  # fmt: skip
         print(f"step time by placement ({profile}-profile model, precision as `auto` picks, fwd+bwd+AdamW), "
               "relative to prenorm with the same backend and compile setting:")  # fmt: skip
         print_step_rows(placements, (("placement", 11), ("norm_backend", 7)))
-        write_csv(f"placements_{profile}.csv", placements)
+        write_csv(f"placements_{profile}.csv", placements, args.results)
         written.append(f"placements_{profile}.csv")
 
     if "norm-steps" in sections:
@@ -503,11 +597,11 @@ def main() -> int:
         pairs += [("postnorm", "layernorm"), ("postnorm", "rmsnorm")]
         variants = [{"placement": p, "norm": n, "compile": c} for p, n in pairs for c in compiles]
         rows = bench_steps(5 if args.quick else 20, device, variants, PLACEMENT_SHAPES[profile],
-                           relative_to={"norm": "layernorm"})  # fmt: skip
+                           relative_to={"norm": "layernorm"}, deadline=deadline)  # fmt: skip
         print(f"step time by norm ({profile}-profile model, precision as `auto` picks, fwd+bwd+AdamW, timed in "
               "turn), relative to LayerNorm in the same placement and compile setting:")  # fmt: skip
         print_step_rows(rows, (("placement", 9), ("norm", 10)))
-        write_csv(f"norm_steps_{profile}.csv", rows)
+        write_csv(f"norm_steps_{profile}.csv", rows, args.results)
         written.append(f"norm_steps_{profile}.csv")
         print()
 
@@ -523,10 +617,10 @@ def main() -> int:
                     e, c = key[(name, mode, "eager", w)], key[(name, mode, "compile", w)]
                     cells.append(f"{e['fwd_bwd_ms']:6.2f}/{c['fwd_bwd_ms']:6.2f}")
                 print(f"{name:10} {mode:9} " + " ".join(f"{c:>13}" for c in cells))
-        write_csv("norms.csv", norms)
+        write_csv("norms.csv", norms, args.results)
         written.append("norms.csv")
     if written:
-        print(f"\nwrote {', '.join(str(RESULTS / w) for w in written)}")
+        print(f"\nwrote {', '.join(str(args.results / w) for w in written)}")
     return 0
 
 

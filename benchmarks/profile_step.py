@@ -58,7 +58,7 @@ def main() -> int:
 
     from torch.profiler import ProfilerActivity, profile
 
-    from benchmarks.bench_training import peak_flops
+    from benchmarks.bench_training import no_peak_reason, peak_flops
     from resnorm_lm.model import GPT, GPTConfig
 
     if not args.smoke and not torch.cuda.is_available():
@@ -142,7 +142,8 @@ def main() -> int:
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(table)
-    print(f"step {step_s * 1e3:.1f} ms, {summary['tokens_per_s']} tokens/s, MFU {summary['mfu']}; "
+    mfu = summary["mfu"] if summary["mfu"] is not None else f"left out ({no_peak_reason()})"
+    print(f"step {step_s * 1e3:.1f} ms, {summary['tokens_per_s']} tokens/s, MFU {mfu}; "
           f"GPU busy {gpu_ms:.1f} ms per step:")  # fmt: skip
     for kind, ms in summary["gpu_ms_by_kind"].items():
         print(f"  {kind:24} {ms:9.2f} ms  {ms / gpu_ms if gpu_ms else 0:6.1%}")

@@ -1,0 +1,598 @@
+"""The GPU session: every measurement that needs a GPU, in stages that each fit one 10-minute device command.
+
+    bash benchmarks/gpu_session.sh prepare                      # once, on a networked machine (the venv's python)
+    bash benchmarks/gpu_session.sh quick                        # the first command whenever a GPU is lent
+    bash benchmarks/gpu_session.sh kernels                      # then each line below as one command
+    bash benchmarks/gpu_session.sh check e2e
+    bash benchmarks/gpu_session.sh placements profile
+    bash benchmarks/gpu_session.sh training
+    bash benchmarks/gpu_session.sh depth -- --recipes ... --depths 48 --lrs ...    # rounds, as long as time lasts
+    bash benchmarks/gpu_session.sh --dry-run quick kernels ...  # on a CPU: every stage's plumbing, tiny sizes
+
+The GPU machine (torch, triton and lightning preinstalled, no network) gets the wheels it lacks (.whl/), the data
+cache (.devcache/) and finished runs (.devseed/) through the device tool's carry list; ``prepare`` makes all three.
+
+Stages (GPU unless said):
+  prepare     on a networked machine: the wheels, the Shakespeare data at vocab 32768 (gpu profile) and 8192 (cpu
+              profile), and the finished fp32 cpu-profile runs of docs/results/*/run-files*/ as .devseed/*.tar.gz
+  quick       about 5 minutes: `fit` against the bare loop with compile off and on, MFU of both, the 768-wide
+              Add & Norm row against torch eager and torch.compile, triton against torch in the compiled step
+  check       tests/test_triton_gpu.py: triton_op under Inductor, opcheck, autotuned parity and determinism
+  kernels     benchmarks/bench_kernels.py: the Add & Norm table at widths 768-8192, bf16, host time per call
+  training    bench_training.py --profile gpu: `fit` against the bare loop, two alternating rounds, MFU
+  placements  bench_training.py: compiled step time of prenorm and postnorm, torch and triton backends
+  e2e         what `make train RECIPE=prenorm-12l PROFILE=gpu` runs, compiled, triton backend, on Shakespeare,
+              shortened to --e2e-steps optimizer steps, through evaluation and generation
+  profile     benchmarks/profile_step.py: the compiled step's GPU time by kind, triton and torch backends
+  depth       one round of `python -m resnorm_lm compare` (the arguments after --) in the runs root; the round
+              stops by its budget (its runs save a checkpoint on SIGTERM and resume in the next round on a warm
+              machine), renders the tables, measures the layer contribution while the checkpoints are there,
+              and brings back every finished run's small files (depth-runs-*.tar.gz: put them in .devseed/ for
+              the next round on a fresh machine)
+
+Output: $OUT/<stage>/ (OUT: the device tool's output folder; ./gpu-out otherwise) holds each stage's results
+and log.txt, flat; $OUT/session.txt the device, versions and every step's status. Files beyond the 8 that come
+back are packed into <stage>/<stage>-files.tar.gz (benchmarks/device_files.py). A failing step is reported
+and the next one runs. The invocation keeps to --limit-s (default 570 s of the device's 600); each stage gets
+a share by its expected length, each step a share of its stage, and a step still running at the end of its
+share gets SIGTERM, then SIGKILL.
+
+--dry-run runs every stage on this CPU at tiny sizes (the smoke profile, a generated corpus, no network):
+CUDA-only steps still run their plumbing where they have a CPU path and report "skipped: no CUDA".
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import device_files, run_files  # noqa: E402
+
+DEVICE_STAGES = ("quick", "check", "kernels", "training", "placements", "e2e", "profile", "depth")
+# expected seconds of each stage on an H100: an invocation's time is shared among its stages by these
+WEIGHTS = {"quick": 300, "check": 240, "kernels": 480, "training": 300, "placements": 300, "e2e": 240,
+           "profile": 240, "depth": 570}  # fmt: skip
+KERNEL_WIDTHS = [768, 1024, 2048, 4096, 8192]
+WHEELS = ["datasets==5.2.0", "dill==0.4.1", "multiprocess==0.70.19", "jsonargparse==4.53.0",
+          "docstring_parser==0.18.0", "typeshed_client==2.14.0"]  # fmt: skip
+DEPTH_PROFILE, DEPTH_PRECISION = "cpu", "32-true"  # the depth sweep: cpu profile, fp32 (as the 12-layer sweep)
+DEPTH_TRAIN_ARGS = ["--trainer.accelerator=gpu", f"--trainer.precision={DEPTH_PRECISION}",
+                    "--trainer.enable_progress_bar=false"]  # fmt: skip
+DEPTH_RESERVE_S = 150  # of a depth round: rendering the tables, the layer contribution and packing the runs
+CONTRIBUTION_TOKENS = 16_384  # compare's --contribution-tokens default (resnorm_lm.analysis.layer_contribution)
+PUBLISH_RESERVE_S = 10  # kept back from the stages: laying out $OUT
+MIN_STEP_S = 15  # a step with less time than this is skipped (a child needs seconds to import torch)
+# the lines that carry the figures (printed again at the end: the output's tail comes back with the reply)
+HEADLINES = re.compile(
+    r"lightning_vs_bare_ratio|MFU|^(lightning|bare) +(true|false) |layernorm +yes +bfloat16 +768 |"
+    r"^  \w+ +(torch|triton) +compile=|\b\d+ (passed|failed|errors?)\b|^RESULT |^compare: (grid|seeds)|"
+    r"^layer contribution: measured|^step .* tokens/s|no CUDA|time budget"
+)
+HEADLINES_PER_STAGE = 60
+
+
+class Budget:
+    """A deadline, and shares of what is left of it."""
+
+    def __init__(self, seconds: float) -> None:
+        self.deadline = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def share(self, weight: float, *later: float) -> float:
+        """This part's share of the time left, by its weight against its own and the later parts'."""
+        return max(0.0, self.left()) * weight / (weight + sum(later))
+
+
+@dataclass
+class StepResult:
+    status: str  # "ok", "failed (exit N)", "cut at its N s budget", "skipped: ..."
+    seconds: float
+
+
+@dataclass
+class Session:
+    """One invocation: where things go, which interpreter and sizes, what ran."""
+
+    out: Path
+    scratch: Path
+    dry: bool
+    runs_root: Path
+    seed_dir: Path
+    e2e_steps: int
+    kernel_widths: list[int]
+    compare_args: list[str]
+    py: str = sys.executable
+    env: dict = field(default_factory=lambda: dict(os.environ))
+    cuda: bool = False
+    header: list[str] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)  # every step's status, for session.txt
+    done: list[device_files.StageFiles] = field(default_factory=list)
+    failed: int = 0  # steps that failed (a step cut at its budget keeps what it wrote: no failure)
+    log_file: object = None
+
+    # ---------------------------------------------------------------- running a child under a budget
+
+    def say(self, line: str) -> None:
+        print(line, flush=True)
+        if self.log_file:
+            self.log_file.write(line + "\n")
+            self.log_file.flush()
+
+    def child(self, argv: list[str], seconds: float, env: dict | None = None, grace_s: float = 20) -> int | None:
+        """Run ``argv`` in its own process group, its output to the screen and the stage's log; after
+        ``seconds``, SIGTERM to the group, SIGKILL after ``grace_s``. Returns the exit code, None if cut."""
+        proc = subprocess.Popen(argv, cwd=ROOT, env={**self.env, **(env or {})}, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, errors="replace",
+                                start_new_session=True)  # fmt: skip
+        reader = threading.Thread(target=lambda: [self.say(line.rstrip("\n")) for line in proc.stdout])
+        reader.start()
+        cut = False
+        try:
+            proc.wait(timeout=max(1.0, seconds))
+        except subprocess.TimeoutExpired:
+            cut = True
+            signal_group(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                signal_group(proc.pid, signal.SIGKILL)
+                proc.wait()
+        except BaseException:  # the session itself stopped (SIGTERM, Ctrl-C): leave no process group behind
+            signal_group(proc.pid, signal.SIGKILL)
+            raise
+        wait_for_group(proc.pid, grace_s if cut else 5)  # grandchildren (training runs) saving their checkpoints
+        reader.join(timeout=10)
+        return None if cut else proc.returncode
+
+    def step(self, stage: str, name: str, argv: list[str], seconds: float, needs_cuda: bool = False,
+             env: dict | None = None, grace_s: float = 20, budget_flag: bool = False,
+             note: str = "") -> StepResult:  # fmt: skip
+        """One child of a stage, reported as ok (with ``note``), failed, cut or skipped; a failure never stops
+        the stage. ``needs_cuda``: without CUDA it reports "skipped: no CUDA" once its CPU path has run."""
+        if seconds < MIN_STEP_S:
+            return self.record(stage, name, StepResult(f"skipped: {seconds:.0f} s left of the budget", 0.0))
+        if budget_flag:  # the child winds down by itself a little before it would be stopped
+            argv = [*argv, "--budget-s", str(int(seconds - min(30, 0.1 * seconds)))]
+        self.say(f"=== {stage}/{name}: {' '.join(argv)} (budget {seconds:.0f} s, {utc_now()})")
+        t0 = time.monotonic()
+        code = self.child(argv, seconds, env, grace_s)
+        took = time.monotonic() - t0
+        if code is None:
+            result = StepResult(f"cut at its {seconds:.0f} s budget", took)
+        elif code != 0:
+            result = StepResult(f"failed (exit {code})", took)
+        elif needs_cuda and not self.cuda:
+            result = StepResult("skipped: no CUDA (its CPU plumbing ran)", took)
+        else:
+            result = StepResult(f"ok{f' ({note})' if note else ''}", took)
+        return self.record(stage, name, result)
+
+    def record(self, stage: str, name: str, result: StepResult) -> StepResult:
+        self.failed += result.status.startswith("failed")
+        line = f"{stage}/{name}: {result.status} ({result.seconds:.0f} s)"
+        self.lines.append(line)
+        self.say(f"=== {line}")
+        return result
+
+    # ---------------------------------------------------------------- sizes: the GPU's or the dry run's tiny ones
+
+    @property
+    def bench_profile(self) -> str:
+        return "smoke" if self.dry else "gpu"
+
+    def bench_training(self, *args: str, results: Path) -> list[str]:
+        data = ["--data-files", self.corpus] if self.dry else []
+        return [self.py, "benchmarks/bench_training.py", "--profile", self.bench_profile, *args,
+                "--results", str(results), *data]  # fmt: skip
+
+    def compile_choice(self, wanted: str) -> str:
+        """torch.compile as asked on the GPU; off in the dry run (Inductor on a CPU takes minutes, measures
+        nothing here, and the flag's plumbing is the same)."""
+        return "off" if self.dry else wanted
+
+    @property
+    def dry_note(self) -> str:
+        return "compile off: the dry run compiles nothing" if self.dry else ""
+
+    @property
+    def corpus(self) -> str:
+        return str(self.scratch / "corpus" / "*.txt")
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def wait_for_group(pgid: int, seconds: float) -> None:
+    """Wait until no process of group ``pgid`` is left, at most ``seconds``; then SIGKILL what remains."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.2)
+    signal_group(pgid, signal.SIGKILL)
+
+
+# ---------------------------------------------------------------------- the stages
+
+
+def stage_quick(s: Session, d: Path, budget: Budget) -> list[tuple[str, Path]]:
+    p = s.bench_profile
+    s.step("quick", "lightning-vs-bare", s.bench_training("--only", "throughput", "--compile", s.compile_choice(
+        "both"), results=d), budget.share(170, 40, 90), budget_flag=True, note=s.dry_note)  # fmt: skip
+    s.step("quick", "kernel-768", [s.py, "benchmarks/bench_kernels.py", "--hidden", "64" if s.dry else "768",
+                                   "--rows", "64" if s.dry else "16384", "--dtypes", "bfloat16", "--norms",
+                                   "layernorm", "--residual", "yes", "--skip-host-time", "--csv",
+                                   str(d / "kernels.csv")], budget.share(40, 90),
+           needs_cuda=True, budget_flag=True)  # fmt: skip
+    s.step("quick", "triton-vs-torch", s.bench_training("--only", "placements", "--compile", s.compile_choice("on"),
+                                                        "--placements", "prenorm", results=d),
+           budget.share(90), needs_cuda=True, budget_flag=True)  # fmt: skip
+    return [(f"training_{p}.csv", d / f"training_{p}.csv"), ("kernels.csv", d / "kernels.csv"),
+            (f"placements_{p}.csv", d / f"placements_{p}.csv"), ("log.txt", d / "log.txt")]  # fmt: skip
+
+
+def stage_check(s: Session, d: Path, budget: Budget) -> list[tuple[str, Path]]:
+    junit = d / "junit.xml"
+    # the conftest's defaults (the interpreter on, no GPU visible) overridden
+    s.step("check", "gpu-tests", [s.py, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
+                                  "tests/test_triton_gpu.py"], budget.share(1),
+           needs_cuda=True, env={"CUDA_VISIBLE_DEVICES": "0"})  # fmt: skip
+    return [("log.txt", d / "log.txt"), ("junit.xml", junit)]
+
+
+def stage_kernels(s: Session, d: Path, budget: Budget) -> list[tuple[str, Path]]:
+    widths = ["64", "96"] if s.dry else [str(w) for w in s.kernel_widths]
+    s.step("kernels", "table", [s.py, "benchmarks/bench_kernels.py", "--hidden", *widths, "--dtypes", "bfloat16",
+                                *(["--rows", "64"] if s.dry else []), "--csv", str(d / "kernels.csv")],
+           budget.share(1), needs_cuda=True, budget_flag=True)  # fmt: skip
+    return [("kernels.csv", d / "kernels.csv"), ("log.txt", d / "log.txt")]
+
+
+def stage_training(s: Session, d: Path, budget: Budget) -> list[tuple[str, Path]]:
+    s.step("training", "lightning-vs-bare", s.bench_training("--only", "throughput", "--compile", s.compile_choice(
+        "both"), "--rounds", "2", results=d), budget.share(1), budget_flag=True, note=s.dry_note)  # fmt: skip
+    return [(f"training_{s.bench_profile}.csv", d / f"training_{s.bench_profile}.csv"), ("log.txt", d / "log.txt")]
+
+
+def stage_placements(s: Session, d: Path, budget: Budget) -> list[tuple[str, Path]]:
+    s.step("placements", "step-times", s.bench_training("--only", "placements", "--compile", s.compile_choice("on"),
+                                                        "--placements", "prenorm", "postnorm", results=d),
+           budget.share(1), needs_cuda=True, budget_flag=True)  # fmt: skip
+    return [(f"placements_{s.bench_profile}.csv", d / f"placements_{s.bench_profile}.csv"), ("log.txt", d / "log.txt")]
+
+
+def stage_e2e(s: Session, d: Path, budget: Budget) -> list[tuple[str, Path]]:
+    # `make train RECIPE=prenorm-12l PROFILE=gpu ARGS="..."` runs exactly this (the Makefile), with .venv's python
+    if s.dry:
+        sized = ["--profile", "smoke", "--data.corpus=text", f"--data.files=[{s.corpus}]",
+                 "--model.arch.norm_backend=torch", "--model.compile=false", "--trainer.max_steps=4"]  # fmt: skip
+    else:
+        sized = ["--profile", "gpu", "--data.corpus=shakespeare", "--model.arch.norm_backend=triton",
+                 "--model.compile=true", f"--trainer.max_steps={s.e2e_steps}",
+                 f"--trainer.val_check_interval={s.e2e_steps * 4}"]  # fmt: skip
+    s.step("e2e", "make-train", [s.py, "-m", "resnorm_lm", "fit", "--recipe", "prenorm-12l", "--seed_everything", "1",
+                                 *sized, "--trainer.enable_progress_bar=false", f"--run.root={d / 'runs'}"],
+           budget.share(1), needs_cuda=True, grace_s=60)  # fmt: skip
+    run = d / "runs" / "prenorm-12l" / f"{s.bench_profile}-seed1"
+    return [("eval.json", run / "eval.json"), ("metrics.csv", run / "metrics.csv"), ("log.txt", d / "log.txt"),
+            ("manifest.json", run / "manifest.json"), ("config.yaml", run / "config.yaml")]  # fmt: skip
+
+
+def stage_profile(s: Session, d: Path, budget: Budget) -> list[tuple[str, Path]]:
+    for backend in ("triton", "torch"):
+        # --smoke: a tiny model, the torch backend, on the CPU; and no compile (Inductor on a CPU takes a minute)
+        sized = ["--smoke", "--no-compile"] if s.dry else ["--backend", backend]
+        s.step("profile", backend, [s.py, "benchmarks/profile_step.py", *sized, "--out", str(d / backend)],
+               budget.share(1, 1) if backend == "triton" else budget.share(1), needs_cuda=True)  # fmt: skip
+    return [(f"summary-{b}.json", d / b / "summary.json") for b in ("triton", "torch")] + [
+        (f"kernels-{b}.txt", d / b / "kernels.txt") for b in ("triton", "torch")] + [("log.txt", d / "log.txt")] + [
+        (f"trace-{b}.json.gz", d / b / "trace.json.gz") for b in ("triton", "torch")]  # fmt: skip
+
+
+def stage_depth(s: Session, d: Path, budget: Budget) -> list[tuple[str, Path]]:
+    args = compare_arguments(s)
+    profile = args[args.index("--profile") + 1]
+    tokens = int(args[args.index("--contribution-tokens") + 1]) if "--contribution-tokens" in args else \
+        CONTRIBUTION_TOKENS  # fmt: skip
+    s.runs_root.mkdir(parents=True, exist_ok=True)
+    seeds = sorted(s.seed_dir.glob("*.tar.gz"))
+    added, kept = run_files.unpack_runs(seeds, s.runs_root)
+    s.say(f"=== depth: {added} finished run(s) unpacked from {len(seeds)} tarball(s) in {s.seed_dir} into "
+          f"{s.runs_root}; {kept} already there (kept)")  # fmt: skip
+    compare = [s.py, "-m", "resnorm_lm", "compare", *args]
+    reserve = min(DEPTH_RESERVE_S, 0.4 * budget.left())
+    sweep = s.step("depth", "sweep", compare, budget.left() - reserve, grace_s=60)
+    if sweep.status != "ok" and run_files.finished_runs(s.runs_root):  # the tables and the picks' layer
+        s.step("depth", "render", [*compare, "--no-train"], budget.share(2, 1), grace_s=10)  # contribution
+    if tokens > 0:  # compare's --contribution-tokens 0: not measured
+        s.step("depth", "contributions", [s.py, "benchmarks/run_files.py", "contributions", str(s.runs_root),
+                                          "--tokens", str(tokens), "--seconds", str(int(max(0, budget.left() - 30)))],
+               budget.left() - 15, grace_s=10)  # fmt: skip
+    for run_dir in run_files.failed_runs(s.runs_root):
+        log = run_files.tail(run_dir / "train.log")
+        s.say(f"=== depth: {run_dir} ended in an error; the end of its train.log:\n{log}")
+    parts = run_files.pack_runs(s.runs_root, d, "depth-runs")
+    n_runs = len(run_files.finished_runs(s.runs_root))
+    s.say(f"=== depth: {n_runs} finished run(s), their small files in {', '.join(p.name for p in parts) or 'nothing'}"
+          " (no checkpoint): put them in .devseed/ for the next round")  # fmt: skip
+    results = d / "results" / profile
+    if results.is_dir():
+        with tarfile.open(d / "results.tar.gz", "w:gz") as tar:
+            tar.add(results, arcname="results")
+    return [*[(p.name, p) for p in parts], ("compare.md", results / "compare.md"), ("depth.md", results / "depth.md"),
+            ("layer_contribution.md", results / "layer_contribution.md"), ("log.txt", d / "log.txt"),
+            ("results.tar.gz", d / "results.tar.gz")]  # fmt: skip
+
+
+def compare_arguments(s: Session) -> list[str]:
+    """compare's arguments for a depth round: the user's, with the runs root, the results folder, the profile
+    and jobs (unless given) and the training arguments of this machine (GPU, fp32) added."""
+    given = []  # --opt=value as --opt value, so that options are found by name (not inside --train-args' value)
+    for i, arg in enumerate(s.compare_args):
+        value_of_train_args = i > 0 and s.compare_args[i - 1] == "--train-args"
+        given += arg.split("=", 1) if arg.startswith("--") and "=" in arg and not value_of_train_args else [arg]
+    if not given and not s.dry:
+        raise SystemExit("gpu_session: depth: give compare's arguments after --, e.g. depth -- --recipes "
+                         "prenorm-12l --depths 48 --lrs 5e-4 1e-3 --warmups 200 --seeds 1 2 3 "
+                         "(docs/depth.md)")  # fmt: skip
+    if not given:  # the dry run's tiny sweep
+        given = ["--recipes", "prenorm-12l", "--depths", "2", "--lrs", "1e-3", "3e-3", "--warmups", "2", "--seeds", "1"]
+    for owned in ("--root", "--results"):
+        if owned in given:
+            raise SystemExit(f"gpu_session: depth sets {owned} itself (the runs root and $OUT): leave it out")
+    train = DEPTH_TRAIN_ARGS
+    if s.dry:
+        train = ["--trainer.accelerator=cpu", *DEPTH_TRAIN_ARGS[1:], "--data.corpus=text", f"--data.files=[{s.corpus}]"]
+    if "--train-args" in given:
+        i = given.index("--train-args")
+        train = [*train, *given[i + 1].split()]
+        del given[i : i + 2]
+    defaults = [] if "--profile" in given else ["--profile", "smoke" if s.dry else DEPTH_PROFILE]
+    defaults += [] if "--jobs" in given else ["--jobs", "1" if s.dry else "12"]
+    return [*given, *defaults, "--root", str(s.runs_root), "--results", str(s.scratch / "depth" / "results"),
+            "--train-args", " ".join(train)]  # fmt: skip
+
+
+STAGES = {"quick": stage_quick, "check": stage_check, "kernels": stage_kernels, "training": stage_training,
+          "placements": stage_placements, "e2e": stage_e2e, "profile": stage_profile, "depth": stage_depth}  # fmt: skip
+
+
+# ---------------------------------------------------------------------- set-up, publishing, prepare
+
+
+def set_up(s: Session) -> None:
+    """The children's environment: offline wheels and the carried data cache (GPU), or the dry run's own corpus
+    and cache; then which torch and device are there."""
+    s.env.update(PYTHONUNBUFFERED="1", TRITON_INTERPRET="0")
+    path = [str(ROOT)]
+    if s.dry:
+        s.env["RESNORM_LM_CACHE"] = str(s.scratch / "cache")
+        write_corpus(s.scratch / "corpus")
+    else:
+        wheels = sorted((ROOT / ".whl").glob("*.whl"))
+        if wheels and not imports(s, "datasets, jsonargparse"):
+            pip = [s.py, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir",
+                   "--upgrade", "--target", "/tmp/site", *map(str, wheels)]  # fmt: skip
+            if subprocess.run(pip).returncode != 0:
+                raise SystemExit("gpu_session: installing .whl/ failed")
+        path.insert(0, "/tmp/site")
+        if (ROOT / ".devcache").is_dir():
+            s.env["RESNORM_LM_CACHE"] = str(ROOT / ".devcache")
+        else:
+            print("gpu_session: no .devcache/ here: run 'bash benchmarks/gpu_session.sh prepare' on a networked "
+                  "machine and carry it", file=sys.stderr)  # fmt: skip
+    s.env["PYTHONPATH"] = os.pathsep.join(path + ([s.env["PYTHONPATH"]] if s.env.get("PYTHONPATH") else []))
+    if not imports(s, "datasets, jsonargparse"):
+        raise SystemExit("gpu_session: datasets/jsonargparse are missing: run the prepare stage, carry .whl/")
+    probe = subprocess.run([s.py, "-c", PROBE], env=s.env, capture_output=True, text=True, cwd=ROOT)
+    if probe.returncode != 0:
+        raise SystemExit(f"gpu_session: {s.py} cannot import torch and lightning:\n{probe.stderr[-2000:]}")
+    facts = json.loads(probe.stdout.strip().splitlines()[-1])
+    s.cuda = facts.pop("cuda")
+    smi = shutil.which("nvidia-smi")
+    gpu = subprocess.run([smi, "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout.strip() if smi else ""  # fmt: skip
+    commit = subprocess.run(["git", "log", "-1", "--format=%h %s"], cwd=ROOT, capture_output=True, text=True)
+    s.header += [f"started {utc_now()}{' (dry run: tiny sizes on the CPU)' if s.dry else ''}",
+                 f"device: {facts.pop('device')}{f' ({gpu})' if gpu else ''}",
+                 "versions: " + ", ".join(f"{k} {v}" for k, v in facts.items()),
+                 f"commit: {commit.stdout.strip() or 'unknown (no git here)'}"]  # fmt: skip
+    for line in s.header:
+        print(line, flush=True)
+
+
+PROBE = """import json, platform, torch, lightning
+try:
+    import triton; tv = triton.__version__
+except ImportError:
+    tv = None
+cuda = torch.cuda.is_available()
+print(json.dumps({"cuda": cuda, "device": torch.cuda.get_device_name() if cuda else "cpu (no CUDA)",
+                  "python": platform.python_version(), "torch": torch.__version__, "triton": tv,
+                  "lightning": lightning.__version__}))"""
+
+
+def imports(s: Session, modules: str) -> bool:
+    env = {**s.env, "PYTHONPATH": os.pathsep.join(["/tmp/site", str(ROOT), s.env.get("PYTHONPATH", "")])}
+    return subprocess.run([s.py, "-c", f"import {modules}"], env=env, capture_output=True).returncode == 0
+
+
+def write_corpus(folder: Path, n_files: int = 16, words: int = 600) -> None:
+    """The dry run's corpus: pseudo-text in which each word is followed by one of two others (learnable)."""
+    vocab = ("the king queen lord night day love sword crown heart blood fair sweet old young come go speak "
+             "hear see know think make give take stand fall rise sleep wake live my thy his her our this "
+             "that").split()  # fmt: skip
+    rng = random.Random(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(n_files):
+        word, text = rng.randrange(len(vocab)), []
+        for _ in range(words):
+            text.append(vocab[word])
+            word = (7 * word + 1 + rng.randrange(2)) % len(vocab)
+        (folder / f"part{i:02d}.txt").write_text(" ".join(text) + "\n")
+
+
+def publish(s: Session) -> None:
+    """$OUT laid out anew from every stage done so far (each stage's files flat, packed where too many), and
+    session.txt: the device, the steps' statuses, what was packed or left out, and the layout check."""
+    for stage in s.done:
+        stage.files = [(name, path) for name, path in stage.files if path.is_file()]
+    notes = device_files.publish(s.done, s.out, device_files.MAX_FILES - 1) if s.done else []  # and session.txt
+    text = "\n".join([*s.header, "", *s.lines, "", *notes]) + "\n"
+    (s.out / "session.txt").write_text(text)
+    problems = device_files.layout_problems(s.out)
+    if problems:  # should not happen: publish keeps to the limits
+        (s.out / "session.txt").write_text(text + "\n".join(f"layout: {p}" for p in problems) + "\n")
+    for note in notes:
+        print(f"=== publish: {note}", flush=True)
+    for problem in problems:
+        print(f"=== publish: layout: {problem}", flush=True)
+
+
+def headlines(s: Session) -> None:
+    """The lines that carry the figures, from every stage's log, at the end of the output (its tail comes back)."""
+    print(f"\n=== {len(s.done)} stage(s) done, {utc_now()}; headlines:", flush=True)
+    for stage in s.done:
+        log = s.scratch / stage.stage / "log.txt"
+        lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
+        found = [line for line in lines if HEADLINES.search(line) and not line.startswith("=== ") and len(line) < 400]
+        for line in found[:HEADLINES_PER_STAGE]:
+            print(f"{stage.stage}: {line}")
+    print("\n".join(s.lines))
+    print(f"$OUT ({s.out}): " + ", ".join(str(p.relative_to(s.out)) for p in sorted(s.out.rglob("*")) if p.is_file()))
+
+
+def prepare(s: Session, where: Path) -> int:
+    """On a networked machine, with the venv's python: what the GPU machine lacks, into ``where``."""
+    steps = []
+    if s.dry:
+        steps.append("wheels and data: skipped in the dry run (they need the network)")
+    else:
+        pip = [s.py, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", "3.12",
+               "--implementation", "cp", "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64",
+               "--platform", "manylinux2014_x86_64", "-d", str(where / ".whl"), *WHEELS]  # fmt: skip
+        subprocess.run(pip, check=True)
+        for vocab in ("32768", "8192"):  # the gpu profile's, and the cpu profile's (the depth sweep)
+            subprocess.run([s.py, "-m", "resnorm_lm.data", "prepare", "--corpus", "shakespeare", "--vocab-size",
+                            vocab, "--cache-dir", str(where / ".devcache")], check=True, cwd=ROOT)  # fmt: skip
+    sources = sorted(ROOT.glob("docs/results/*/run-files*"))
+    runs, notes = run_files.seed_runs(sources, DEPTH_PROFILE, DEPTH_PRECISION)
+    tarball = where / ".devseed" / "docs-run-files.tar.gz"
+    run_files.write_tarball(tarball, runs)
+    for note in notes:
+        print(f"prepare: {note}")
+    steps.append(f"{len(runs)} finished {DEPTH_PROFILE}-profile {DEPTH_PRECISION} runs of {len(sources)} run-files "
+                 f"folders in {tarball.relative_to(where)} ({tarball.stat().st_size / 2**20:.1f} MiB)")  # fmt: skip
+    for folder in (".whl", ".devcache", ".devseed"):
+        path = where / folder
+        size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
+        steps.append(f"{folder}/: {size / 2**20:.1f} MiB")
+    steps.append('never commit them; name them in the device tool\'s carry list: [".whl", ".devcache", ".devseed"] '
+                 "(64 MiB travel in all, the working tree included)")  # fmt: skip
+    print("\n".join(f"prepare: {line}" for line in steps))
+    return 0
+
+
+# ---------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    compare_args = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    parser = argparse.ArgumentParser(prog="gpu_session.sh", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("stages", nargs="+", choices=["prepare", *DEVICE_STAGES], metavar="STAGE")
+    parser.add_argument("--dry-run", action="store_true", help="every stage's plumbing on this CPU, tiny sizes")
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or ROOT / "gpu-out"),
+                        help="where results go (default: $OUT, else ./gpu-out)")  # fmt: skip
+    parser.add_argument("--scratch", type=Path, default=None, help="work folder (default: /tmp/gpu-session)")
+    parser.add_argument("--limit-s", type=float, default=570, help="this invocation's time (default 570 s)")
+    parser.add_argument("--stage-limit-s", type=float, default=None, help="at most this for any one stage")
+    parser.add_argument("--runs-root", type=Path, default=None, help="the depth sweep's runs (default: .devruns)")
+    parser.add_argument("--seed-dir", type=Path, default=None,
+                        help="tarballs of finished runs to start from (default: .devseed)")  # fmt: skip
+    parser.add_argument("--prepare-dir", type=Path, default=None, help="where prepare writes (default: the root)")
+    parser.add_argument("--e2e-steps", type=int, default=100, help="optimizer steps of the e2e run (default 100)")
+    parser.add_argument("--kernel-widths", type=int, nargs="+", default=KERNEL_WIDTHS)
+    args = parser.parse_args(argv)
+    if "prepare" in args.stages and len(args.stages) > 1:
+        parser.error("prepare runs on a networked machine, the other stages on the GPU: give it alone")
+    if len(args.stages) >= device_files.MAX_FILES:  # each stage needs a file of its own, and session.txt one
+        parser.error(f"at most {device_files.MAX_FILES - 1} stages in one command: more cannot all come back")
+    if len(set(args.stages)) != len(args.stages):
+        parser.error("a stage is named twice")
+    if compare_args and "depth" not in args.stages:
+        parser.error("arguments after -- are compare's, for the depth stage")
+    scratch = args.scratch or Path("/tmp/gpu-session")
+    args.scratch = scratch
+    args.runs_root = args.runs_root or (scratch / "devruns" if args.dry_run else ROOT / ".devruns")
+    args.seed_dir = args.seed_dir or (scratch / "devseed" if args.dry_run else ROOT / ".devseed")
+    args.prepare_dir = args.prepare_dir or (scratch / "prepared" if args.dry_run else ROOT)
+    args.compare_args = compare_args
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    s = Session(out=args.out, scratch=args.scratch, dry=args.dry_run, runs_root=args.runs_root.resolve(),
+                seed_dir=args.seed_dir, e2e_steps=args.e2e_steps, kernel_widths=args.kernel_widths,
+                compare_args=args.compare_args)  # fmt: skip
+    if args.stages == ["prepare"]:
+        return prepare(s, args.prepare_dir)
+    if "depth" in args.stages:
+        compare_arguments(s)  # a mistake in them stops here, before any stage runs
+    budget = Budget(args.limit_s - PUBLISH_RESERVE_S)
+    s.scratch.mkdir(parents=True, exist_ok=True)
+    s.out.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the running child's group goes with the session
+    set_up(s)
+    for i, name in enumerate(args.stages):
+        share = budget.share(WEIGHTS[name], *(WEIGHTS[later] for later in args.stages[i + 1 :]))
+        stage_budget = Budget(min(share, args.stage_limit_s or share))
+        folder = s.scratch / name
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        files = [("log.txt", folder / "log.txt")]
+        with open(folder / "log.txt", "w") as s.log_file:
+            s.say(f"=== {name}: budget {stage_budget.left():.0f} s, {utc_now()}")
+            try:
+                files = STAGES[name](s, folder, stage_budget)
+            except Exception as err:  # a bug in a stage: the others still run, and what it wrote still comes back
+                s.record(name, "stage", StepResult(f"failed: {type(err).__name__}: {err}", 0.0))
+        s.log_file = None
+        s.done.append(device_files.StageFiles(name, files))
+        publish(s)
+    headlines(s)
+    return 1 if s.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

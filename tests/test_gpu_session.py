@@ -1,0 +1,356 @@
+"""The GPU session (benchmarks/gpu_session.py): its pieces, and a dry run of every stage on the CPU.
+
+The dry run (``--dry-run``) runs each stage's children at tiny sizes (the smoke profile, a generated corpus, no
+network); CUDA-only steps run their CPU path and report "skipped: no CUDA". Each dry-run test checks that what
+lands under $OUT would all come back from the device (benchmarks/device_files.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from benchmarks import bench_training, gpu_session, run_files
+from benchmarks.device_files import layout_problems
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------- the driver's pieces
+
+
+def session(tmp_path, dry: bool = True, compare_args=()) -> gpu_session.Session:
+    return gpu_session.Session(out=tmp_path / "out", scratch=tmp_path / "scratch", dry=dry,
+                               runs_root=tmp_path / "runs", seed_dir=tmp_path / "seed", e2e_steps=4,
+                               kernel_widths=[64], compare_args=list(compare_args))  # fmt: skip
+
+
+def test_a_step_is_ok_failed_or_skipped_without_cuda_and_a_failure_does_not_stop_the_session(tmp_path):
+    s = session(tmp_path)
+    ok = s.step("st", "ok", [sys.executable, "-c", "print('hello')"], 30)
+    failed = s.step("st", "bad", [sys.executable, "-c", "raise SystemExit(3)"], 30)
+    no_cuda = s.step("st", "gpu", [sys.executable, "-c", "print('skipped: no CUDA')"], 30, needs_cuda=True)
+    no_time = s.step("st", "late", [sys.executable, "-c", "print('never')"], 5)
+    assert [ok.status, failed.status] == ["ok", "failed (exit 3)"]
+    assert no_cuda.status == "skipped: no CUDA (its CPU plumbing ran)"
+    assert no_time.status == "skipped: 5 s left of the budget" and s.failed == 1
+    assert s.lines[0].startswith("st/ok: ok (") and s.lines[1].startswith("st/bad: failed (exit 3)")
+
+
+GRANDCHILD = """
+import signal, subprocess, sys, time
+saver = '''
+import signal, sys, time, pathlib
+def save(*_):
+    pathlib.Path(sys.argv[1]).write_text("saved on SIGTERM")
+    sys.exit(143)
+signal.signal(signal.SIGTERM, save)
+print("training", flush=True)
+time.sleep(60)
+'''
+subprocess.run([sys.executable, "-c", saver, sys.argv[1]])  # as compare runs each fit
+"""
+
+
+def test_a_step_past_its_budget_stops_its_whole_process_group_and_waits_for_checkpoints(tmp_path, monkeypatch):
+    """A depth round past its budget: compare and the fits it runs all get SIGTERM (a fit then saves its
+    checkpoint), and the step waits for them before the next one starts."""
+    monkeypatch.setattr(gpu_session, "MIN_STEP_S", 1)
+    s = session(tmp_path)
+    marker = tmp_path / "saved.txt"
+    t0 = time.monotonic()
+    result = s.step("depth", "sweep", [sys.executable, "-c", GRANDCHILD, str(marker)], 3, grace_s=10)
+    assert result.status == "cut at its 3 s budget" and time.monotonic() - t0 < 20
+    assert marker.read_text() == "saved on SIGTERM"  # the grandchild had its SIGTERM and finished saving
+
+
+def test_depth_takes_compares_arguments_and_adds_the_root_results_and_this_machines_training_arguments(tmp_path):
+    s = session(tmp_path, dry=False, compare_args=["--recipes", "prenorm-12l", "--depths=48", "--lrs", "1e-3",
+                                                   "--train-args", "--trainer.max_steps=10"])  # fmt: skip
+    args = gpu_session.compare_arguments(s)
+    assert args[:6] == ["--recipes", "prenorm-12l", "--depths", "48", "--lrs", "1e-3"]
+    assert args[args.index("--profile") + 1] == "cpu" and args[args.index("--jobs") + 1] == "12"
+    assert args[args.index("--root") + 1] == str(tmp_path / "runs")
+    train = "--trainer.accelerator=gpu --trainer.precision=32-true --trainer.enable_progress_bar=false"
+    assert args[args.index("--train-args") + 1] == f"{train} --trainer.max_steps=10"
+    assert args.count("--train-args") == 1
+    for bad in (["--root", "x"], ["--results=x"]):
+        with pytest.raises(SystemExit, match="sets --r"):
+            gpu_session.compare_arguments(session(tmp_path, dry=False, compare_args=["--recipes", "a", *bad]))
+    with pytest.raises(SystemExit, match="give compare's arguments after --"):
+        gpu_session.compare_arguments(session(tmp_path, dry=False))
+
+
+def test_the_command_line_refuses_what_cannot_work(capsys):
+    parse = gpu_session.parse_args
+    eight = ["quick", "check", "kernels", "training", "placements", "e2e", "profile", "depth"]
+    for argv, says in ((["prepare", "quick"], "give it alone"), (["quick", "--", "--recipes", "x"], "for the depth"),
+                       (eight, "at most 7 stages"), (["quick", "quick"], "named twice"),
+                       (["nope"], "invalid choice")):  # fmt: skip
+        with pytest.raises(SystemExit):
+            parse(argv)
+        assert says in capsys.readouterr().err
+    args = parse(["--dry-run", "depth", "--", "--recipes", "prenorm-12l", "--seeds", "1"])
+    assert args.stages == ["depth"] and args.compare_args == ["--recipes", "prenorm-12l", "--seeds", "1"]
+
+
+def test_a_budget_is_shared_by_weight_among_what_is_left():
+    budget = gpu_session.Budget(100)
+    assert budget.share(1, 1) == pytest.approx(50, abs=1) and budget.share(3, 1) == pytest.approx(75, abs=1)
+    assert gpu_session.Budget(-5).share(1) == 0
+
+
+# ---------------------------------------------------------------- bench_training: failures and unknown peaks
+
+
+def test_a_failed_child_leaves_its_row_empty_and_the_table_the_ratio_and_the_csv_still_come(tmp_path, monkeypatch,
+                                                                                             capsys):  # fmt: skip
+    def child(kind, profile, compile_, steps, warmup, timeout_s=None, data_files=None):
+        if kind == "bare":
+            raise bench_training.ChildFailed("bench child bare (compile=False) failed:\nTraceback ...")
+        return {"starts": [0.0, 1.0, 2.0], "ends": [0.9, 1.9, 2.9], "max_rss_mb": 100.0}
+
+    monkeypatch.setattr(bench_training, "run_child", child)
+    rows = bench_training.bench_throughput("gpu", [False], 1, 3, 1)
+    assert [r["tokens_per_s"] is None for r in rows] == [False, True] and rows[1]["error"].startswith("bench child")
+    bench_training.print_throughput(rows, "gpu", 1, 3, 1, "no CUDA")
+    out = capsys.readouterr().out
+    assert "lightning_vs_bare_ratio (compile=false)=n/a (a path has no run: see its row)" in out
+    assert re.search(r"bare +false +n/a +n/a +n/a", out)
+    assert "MFU: left out: no CUDA" in out  # lightning has a rate but no MFU: the line says why
+    bench_training.write_csv("training_gpu.csv", rows, tmp_path)
+    assert [r["path"] for r in csv.DictReader((tmp_path / "training_gpu.csv").open())] == ["lightning", "bare"]
+
+
+def test_an_unknown_peak_leaves_mfu_out_with_a_line_saying_why(capsys):
+    rows = [{"path": p, "compile": True, "tokens_per_s": 1000, "step_s": 0.1, "gap_fraction": 0.0, "mfu": None,
+             "max_rss_mb": 10} for p in ("lightning", "bare")]  # fmt: skip
+    reason = "Lightning's table has no dense bf16 peak for 'NVIDIA H200'"
+    bench_training.print_throughput(rows, "gpu", 1, 3, 1, reason)
+    out = capsys.readouterr().out
+    assert "lightning_vs_bare_ratio (compile=true)=1.000" in out
+    assert re.search(r"lightning +true +1000 +0.1000 +n/a", out)
+    assert f"MFU: left out: {reason}" in out
+    assert bench_training.no_peak_reason() == "no CUDA"  # the reason here, on a machine without CUDA
+
+
+def test_the_kernel_table_forgets_autotunes_picks_before_each_case():
+    import resnorm_lm.model.kernels.add_norm as kernels
+    from benchmarks.bench_kernels import reset_autotune
+
+    kernels._add_norm_fwd_tuned.cache[(768, "bf16")] = "tuned on 8 rows"
+    kernels._PICKED[("fwd", 768)] = ({}, {})
+    reset_autotune()
+    assert kernels._add_norm_fwd_tuned.cache == {} and kernels._PICKED == {}
+
+
+# ---------------------------------------------------------------- finished runs carried there and back
+
+
+def fake_run(root: Path, recipe: str, tag: str, finished: bool = True, precision: str = "32-true",
+             val_loss: float = 5.0, checkpoint: bool = False) -> Path:  # fmt: skip
+    run = root / recipe / tag
+    run.mkdir(parents=True)
+    run.joinpath("eval.json").write_text(json.dumps({"finished": finished, "step": 500, "val_loss": val_loss,
+                                                     "eval": {"trained_precision": precision}}))  # fmt: skip
+    run.joinpath("metrics.csv").write_text("step,train/loss\n0,6.0\n")
+    run.joinpath("config.yaml").write_text(f"trainer:\n  precision: {precision}\n")
+    if checkpoint:
+        (run / "checkpoints").mkdir()
+        (run / "checkpoints" / "last.ckpt").write_bytes(b"weights")
+    return run
+
+
+def test_prepare_carries_the_finished_runs_of_the_sweeps_profile_and_precision_once(tmp_path):
+    a, b = tmp_path / "a" / "run-files", tmp_path / "b" / "run-files-fp32"
+    fake_run(a, "prenorm-12l", "cpu-lr0.008-wu200-seed1")
+    fake_run(a, "prenorm-12l", "cpu-lr0.004-wu200-seed1", precision="bf16-mixed")
+    fake_run(a, "postnorm-12l", "cpu-d24-lr0.0005-wu200-seed1", finished=False)
+    fake_run(a, "postnorm-12l", "gpu-seed1")
+    fake_run(b, "prenorm-12l", "cpu-lr0.008-wu200-seed1")  # the same run in a second folder
+    fake_run(b, "lns-12l", "cpu-d24-lr0.008-wu200-seed2")
+    runs, notes = run_files.seed_runs([a, b], "cpu", "32-true")
+    assert runs == {"lns-12l/cpu-d24-lr0.008-wu200-seed2": b / "lns-12l" / "cpu-d24-lr0.008-wu200-seed2",
+                    "prenorm-12l/cpu-lr0.008-wu200-seed1": a / "prenorm-12l" / "cpu-lr0.008-wu200-seed1"}  # fmt: skip
+    assert any("trained at bf16-mixed, not 32-true" in n for n in notes)
+    assert any("the same run as" in n for n in notes)
+
+
+def test_runs_go_back_without_checkpoints_and_come_in_without_overwriting_a_run_already_there(tmp_path):
+    root = tmp_path / "root"
+    fake_run(root, "prenorm-12l", "cpu-d48-lr0.001-wu200-seed1", checkpoint=True)
+    fake_run(root, "postnorm-12l", "cpu-d48-lr0.0005-wu200-seed1")
+    fake_run(root, "postnorm-12l", "cpu-d48-lr0.001-wu200-seed1", finished=False, checkpoint=True)
+    parts = run_files.pack_runs(root, tmp_path / "out", "depth-runs")
+    assert [p.name for p in parts] == ["depth-runs-1.tar.gz"]
+    with tarfile.open(parts[0]) as tar:
+        names = tar.getnames()
+    assert not any("ckpt" in n or "checkpoints" in n for n in names)
+    assert {n.split("/")[1] for n in names} == {"cpu-d48-lr0.001-wu200-seed1", "cpu-d48-lr0.0005-wu200-seed1"}
+    fresh = tmp_path / "fresh"
+    kept = fake_run(fresh, "prenorm-12l", "cpu-d48-lr0.001-wu200-seed1", val_loss=4.0, checkpoint=True)
+    assert run_files.unpack_runs(parts, fresh) == (1, 1)
+    assert json.loads((kept / "eval.json").read_text())["val_loss"] == 4.0  # the warm machine's run stays
+    assert (fresh / "postnorm-12l" / "cpu-d48-lr0.0005-wu200-seed1" / "metrics.csv").is_file()
+    assert len(run_files.pack_runs(root, tmp_path / "parts", "p", part_bytes=10)) == 2  # one part per run here
+
+
+def test_contributions_are_measured_best_run_of_each_depth_first_where_a_checkpoint_is_there(tmp_path):
+    root = tmp_path / "root"
+    best48 = fake_run(root, "prenorm-12l", "cpu-d48-lr0.001-wu200-seed1", val_loss=5.0, checkpoint=True)
+    worse48 = fake_run(root, "prenorm-12l", "cpu-d48-lr0.004-wu200-seed1", val_loss=5.5, checkpoint=True)
+    best96 = fake_run(root, "prenorm-12l", "cpu-d96-lr0.001-wu200-seed1", val_loss=5.2, checkpoint=True)
+    fake_run(root, "prenorm-12l", "cpu-d96-lr0.002-wu200-seed1", val_loss=4.0)  # no checkpoint: cannot
+    measured = fake_run(root, "lns-12l", "cpu-d48-lr0.008-wu200-seed1", checkpoint=True)
+    measured.joinpath("layer_contribution.json").write_text(json.dumps({"step": 500, "tokens_asked": 128}))
+    assert run_files.contribution_order(root, 128) == [best48, best96, worse48]
+    assert measured in run_files.contribution_order(root, 256)  # measured on another slice: again
+
+
+# ---------------------------------------------------------------- the dry runs
+
+
+def dry_run(tmp_path, *argv: str, limit: int = 540) -> tuple[subprocess.CompletedProcess, Path]:
+    out = tmp_path / "out"
+    cmd = ["bash", "benchmarks/gpu_session.sh", "--dry-run", "--scratch", str(tmp_path / "scratch"), "--out",
+           str(out), "--limit-s", str(limit), *argv]  # fmt: skip
+    env = dict(os.environ, PY=sys.executable, OMP_NUM_THREADS="1")
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=limit + 60)
+    return done, out
+
+
+def statuses(out: Path) -> dict[str, str]:
+    lines = (out / "session.txt").read_text().splitlines()
+    return dict(re.match(r"^(\w+/[\w-]+): (.*) \(\d+ s\)$", line).groups() for line in lines
+                if re.match(r"^\w+/[\w-]+: ", line))  # fmt: skip
+
+
+def members(tarball: Path) -> list[str]:
+    with tarfile.open(tarball) as tar:
+        return tar.getnames()
+
+
+def test_dry_run_of_the_quick_stage(tmp_path):
+    """40-60 s on the 2-core machine under load (four children that import torch and Lightning): the one dry run
+    in the fast suite, since quick is the first command whenever a GPU is lent."""
+    done, out = dry_run(tmp_path, "quick")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert statuses(out) == {"quick/lightning-vs-bare": "ok (compile off: the dry run compiles nothing)",
+                             "quick/kernel-768": "skipped: no CUDA (its CPU plumbing ran)",
+                             "quick/triton-vs-torch": "skipped: no CUDA (its CPU plumbing ran)"}  # fmt: skip
+    assert layout_problems(out) == []
+    assert sorted(p.name for p in (out / "quick").iterdir()) == ["log.txt", "placements_smoke.csv",
+                                                                 "training_smoke.csv"]  # fmt: skip
+    rows = list(csv.DictReader((out / "quick" / "training_smoke.csv").open()))
+    assert [r["path"] for r in rows] == ["lightning", "bare"] and all(float(r["tokens_per_s"]) > 0 for r in rows)
+    log = (out / "quick" / "log.txt").read_text()
+    assert "lightning_vs_bare_ratio (compile=false)=" in log and "skipped: no CUDA GPU" in log
+    assert "quick: lightning_vs_bare_ratio (compile=false)=" in done.stdout  # the headlines close the output
+
+
+@pytest.mark.slow
+def test_dry_run_of_every_other_measuring_stage_in_one_command(tmp_path):
+    """80-130 s on the 2-core machine under load. Six stages and session.txt: packing has to happen."""
+    done, out = dry_run(tmp_path, "check", "kernels", "training", "placements", "e2e", "profile")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    said = statuses(out)
+    assert said["training/lightning-vs-bare"].startswith("ok")
+    for step in ("check/gpu-tests", "kernels/table", "placements/step-times", "e2e/make-train", "profile/triton",
+                 "profile/torch"):  # fmt: skip
+        assert said[step] == "skipped: no CUDA (its CPU plumbing ran)", step
+    assert layout_problems(out) == []
+    files = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    assert len(files) == 8 and "session.txt" in files
+    packed = {name for f in files if f.endswith(".tar.gz") for name in members(out / f)}
+    e2e = {f for f in files if f.startswith("e2e/")} | {f"e2e/{n}" for n in packed}
+    assert {"e2e/eval.json", "e2e/metrics.csv", "e2e/manifest.json"} <= e2e  # flat, or in the stage's tarball
+    assert {"summary-torch.json", "kernels-torch.txt", "trace-torch.json.gz"} <= packed | {Path(f).name for f in files}
+    assert "packed into" in (out / "session.txt").read_text()
+
+
+@pytest.mark.slow
+def test_dry_run_of_two_depth_rounds_the_second_on_a_fresh_machine_from_the_firsts_runs(tmp_path):
+    """60-85 s on the 2-core machine under load: two tiny runs, their tables and layer contribution, then a
+    second round with a new runs root, which trains nothing and measures nothing again."""
+    first, out = dry_run(tmp_path / "round1", "depth")
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert layout_problems(out) == []
+    assert sorted(p.name for p in (out / "depth").iterdir()) == [
+        "compare.md",
+        "depth-runs-1.tar.gz",
+        "depth.md",
+        "layer_contribution.md",
+        "log.txt",
+        "results.tar.gz",
+    ]
+    names = members(out / "depth" / "depth-runs-1.tar.gz")
+    assert not any("ckpt" in n or "checkpoints" in n for n in names)
+    assert sum(n.endswith("/eval.json") for n in names) == 2
+    assert any(n.endswith("layer_contribution.json") for n in names)
+    assert "| prenorm-12l | 2 |" in (out / "depth" / "layer_contribution.md").read_text()
+    seeds = tmp_path / "seeds"
+    seeds.mkdir()
+    (seeds / "depth-runs-1.tar.gz").write_bytes((out / "depth" / "depth-runs-1.tar.gz").read_bytes())
+    second, out2 = dry_run(tmp_path / "round2", "--seed-dir", str(seeds), "depth")
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "2 finished run(s) unpacked from 1 tarball(s)" in second.stdout
+    assert "compare: grid: 2 runs, 2 finished, 0 to train" in second.stdout and "compare: training" not in second.stdout
+    assert "measured 0 of 0" in second.stdout  # the pick's measurement came along in its run's files
+    contribution = (out / "depth" / "layer_contribution.md").read_text()
+    assert (out2 / "depth" / "layer_contribution.md").read_text() == contribution
+
+
+def test_dry_run_of_prepare_carries_the_committed_fp32_runs(tmp_path):
+    done = subprocess.run(["bash", "benchmarks/gpu_session.sh", "--dry-run", "--prepare-dir", str(tmp_path), "prepare"],
+                          cwd=REPO, env=dict(os.environ, PY=sys.executable), capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "wheels and data: skipped in the dry run" in done.stdout
+    names = members(tmp_path / ".devseed" / "docs-run-files.tar.gz")
+    committed = run_files.seed_runs(sorted(REPO.glob("docs/results/*/run-files*")), "cpu", "32-true")[0]
+    assert {"/".join(n.split("/")[:2]) for n in names} == set(committed) and committed
+    assert not any("ckpt" in n for n in names)
+
+
+# ---------------------------------------------------------------- the docs' commands
+
+
+def test_every_gpu_session_command_in_the_docs_parses_and_its_compare_arguments_exist():
+    docs = [REPO / "docs" / "benchmarks.md", REPO / "docs" / "depth.md"]
+    lines = [line.strip().removeprefix("$ ") for doc in docs for line in doc.read_text().splitlines()
+             if "benchmarks/gpu_session.sh" in line and line.strip().startswith("bash ")]  # fmt: skip
+    assert len(lines) >= 6
+    for line in lines:
+        argv = shlex.split(line.split("#")[0])[2:]
+        args = gpu_session.parse_args(argv)
+        if args.compare_args:
+            assert not compare_problems(args.compare_args), (line, compare_problems(args.compare_args))
+
+
+def compare_problems(argv: list[str]) -> list[str]:
+    """Options of ``resnorm-lm compare`` that its own parser does not have (the parser caught as it parses)."""
+    from resnorm_lm.cli import main
+
+    caught = []
+
+    def capture(self, *args, **kwargs):
+        caught.append(self)
+        raise SystemExit(0)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(argparse.ArgumentParser, "parse_args", capture)
+        with pytest.raises(SystemExit):
+            main(["compare"])
+    known = caught[0]._option_string_actions
+    return [a for a in argv if a.startswith("--") and a.split("=")[0] not in known]
