@@ -16,16 +16,17 @@ import torch.distributed as dist
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from resnorm_lm.data.cache import atomic_write
 from resnorm_lm.train.checkpoint_files import read_checkpoint_file
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Writes each checkpoint to a temp file in the same folder, fsyncs it, then renames it into place.
+    """Lightning's checkpoint reader and writer, reading as data and writing all or nothing.
 
-    A process killed at any moment leaves either the previous complete file or
-    the new complete file under the checkpoint's name, never a partial one; a
-    leftover ``.*.tmp-*`` file is never taken for a checkpoint and is removed at
-    the next start (``remove_stale_temp_files``).
+    Writes go through the project's one atomic writer (``resnorm_lm.data.cache.atomic_write``: a temp file in
+    the same folder, fsync, rename, fsync of the folder): a process killed at any moment leaves either the
+    previous complete file or the new complete file under the checkpoint's name, never a partial one. A leftover
+    ``.tmp-*`` file is never taken for a checkpoint and is removed at the next start (``remove_temp_files``).
 
     Lightning reads checkpoints through this plugin too (resume): always as data,
     ``weights_only=True``, whatever Lightning asks (resnorm_lm/train/checkpoint_files.py).
@@ -35,30 +36,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         return read_checkpoint_file(path, map_location=map_location or "cpu")
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any = None) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-        try:
-            with open(tmp, "wb") as f:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)  # the rename itself survives a power cut
-        finally:
-            os.close(dir_fd)
-
-
-def remove_stale_temp_files(folder: Path) -> list[Path]:
-    """Delete the temp files of checkpoint writes that were killed midway."""
-    stale = list(folder.glob(".*.tmp-*")) if folder.is_dir() else []
-    for path in stale:
-        path.unlink(missing_ok=True)
-    return stale
+        with atomic_write(path, "wb") as f:
+            torch.save(checkpoint, f)
 
 
 class FinalCheckpoint(L.Callback):

@@ -18,6 +18,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_only
 
+from resnorm_lm.data.cache import remove_temp_files
 from resnorm_lm.data.datamodule import TextDataModule
 from resnorm_lm.train.checkpoints import data_differences
 from resnorm_lm.train.config_checks import check_hardware, check_memory, check_trainer_numbers
@@ -27,7 +28,6 @@ from resnorm_lm.train.faults import (
     FinalCheckpoint,
     GoodStateCheckpoint,
     PreemptOnSigterm,
-    remove_stale_temp_files,
 )
 from resnorm_lm.train.lightning_module import LanguageModel
 from resnorm_lm.train.logging import ContinuedCSVLogger
@@ -130,7 +130,7 @@ class ResnormCLI(LightningCLI):
                         "Resume with the same data, or start a new run"
                     )
             check_writable(self.run_dir)
-            for stale in remove_stale_temp_files(self.run_dir / "checkpoints"):
+            for stale in remove_temp_files(self.run_dir / "checkpoints"):
                 print(f"resnorm-lm: removed {stale.name}, a checkpoint write that was killed midway", file=sys.stderr)
 
     def _resolve_resume(self, ckpt_path: str | None) -> str | None:
