@@ -38,9 +38,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from resnorm_lm.data.cache import write_json_atomic
-from resnorm_lm.data.sampling import IGNORE_INDEX
 from resnorm_lm.model.gpt import GPT
 from resnorm_lm.model.placements import Stream
+from resnorm_lm.targets import IGNORE_INDEX
 
 CACHE_FILE = "layer_contribution.json"
 DEFAULT_TOKENS = 16_384  # 128 windows of the cpu profile's context 128: 12% of its validation split

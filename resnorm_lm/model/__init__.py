@@ -7,8 +7,8 @@
     kernels/         the Triton "Add & Norm" kernels and their PyTorch custom operators
     generate.py      sampling from a GPT
 
-Imports: torch, triton (kernels only) and ``resnorm_lm.registry``; nothing from ``data``, ``train`` or
-``analysis``. A model is usable without Lightning.
+Imports: torch, triton (kernels only), ``resnorm_lm.registry`` and ``resnorm_lm.targets``; nothing from ``data``,
+``train`` or ``analysis``. A model is usable without Lightning.
 """
 
 from resnorm_lm.model.gpt import GPT, MLP, Block, CausalSelfAttention, GPTConfig, count_parameters, initial_loss

@@ -179,7 +179,7 @@ class GPT(nn.Module):
         self, idx: torch.Tensor, targets: torch.Tensor | None = None, reduction: str = "mean"
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """idx, targets: (B, T) token ids. Without targets: logits (B, T, V) and None. With targets: None and the
-        cross-entropy (``reduction`` mean or sum over targets other than -100), computed chunk by chunk
+        cross-entropy (``reduction`` mean or sum over targets other than ``IGNORE_INDEX``), computed chunk by chunk
         without the logits (resnorm_lm/model/loss.py)."""
         B, T = idx.shape
         if T > self.config.block_size:
@@ -201,7 +201,7 @@ class GPT(nn.Module):
 
     def num_parameters(self, non_embedding: bool = True) -> int:
         """Parameters counted once (the tied head is not counted twice); without position embeddings by default."""
-        n = sum(p.numel() for p in self.parameters())
+        n = count_parameters(self)
         return n - self.wpe.weight.numel() if non_embedding else n
 
 

@@ -13,7 +13,7 @@ import torch
 from torchmetrics import Metric
 
 from resnorm_lm.model.gpt import GPT, GPTConfig
-from resnorm_lm.model.loss import IGNORE_INDEX
+from resnorm_lm.targets import IGNORE_INDEX
 from resnorm_lm.train.clipping import ClipRecord
 from resnorm_lm.train.device_verdicts import DeviceVerdicts, ReadVerdicts
 from resnorm_lm.train.diagnostics import StreamRMS, grad_norms
