@@ -2,6 +2,7 @@
 
     gpt.py           GPTConfig, GPT (nanoGPT-style decoder), count_parameters
     placements.py    where the norm and the residual go: post-norm, pre-norm, sandwich, DeepNorm, ...
+    placement_base.py  what every placement offers (Placement) and is given (BlockContext)
     norms.py         LayerNorm, RMSNorm, ScaleNorm, DyT by name; the torch and triton backends
     norms_triton.py  the triton backend's modules over kernels/
     kernels/         the Triton "Add & Norm" kernels and their PyTorch custom operators
