@@ -50,8 +50,7 @@ class FinalCheckpoint(L.Callback):
         self.checkpoint_path, self.every = checkpoint_path, every
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        guard = getattr(pl_module, "guard", None)
-        if guard is not None and guard.diverged is not None:
+        if has_diverged(pl_module):
             return
         if trainer.global_step % self.every != 0:  # the same decision on every rank: saving is collective
             trainer.save_checkpoint(self.checkpoint_path, weights_only=False)  # full, resumable: said, not defaulted
@@ -71,12 +70,19 @@ class StepBoundary(L.Callback):
         return trainer.global_step != self.step_at_batch_start
 
 
+def has_diverged(pl_module: L.LightningModule) -> bool:
+    """Whether the module's divergence guard has ended the run (a module without one never diverges)."""
+    guard = getattr(pl_module, "guard", None)
+    return guard is not None and guard.diverged is not None
+
+
 class GoodStateCheckpoint(StepBoundary, ModelCheckpoint):
     """A periodic ModelCheckpoint that never saves once the run has diverged.
 
     A bad step still counts as a global step (Lightning counts an optimizer step
     whose gradients were dropped, or that was masked on the device), so a plain
     ModelCheckpoint would save after it; this keeps last.ckpt at the last good state.
+    Every hook at which ModelCheckpoint saves is passed over after a divergence.
 
     It saves at optimizer-step boundaries only. A plain ModelCheckpoint resumed at
     step N (a multiple of ``every_n_train_steps``) under gradient accumulation saves
@@ -84,14 +90,25 @@ class GoodStateCheckpoint(StepBoundary, ModelCheckpoint):
     holds: a run resumed from that file would not match an uninterrupted one.
     """
 
-    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        if self.ended_optimizer_step(trainer):
-            super().on_train_batch_end(trainer, *args)
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if self.ended_optimizer_step(trainer) and not has_diverged(pl_module):
+            super().on_train_batch_end(trainer, pl_module, *args)
 
-    def _should_skip_saving_checkpoint(self, trainer: L.Trainer) -> bool:
-        guard = getattr(trainer.lightning_module, "guard", None)
-        diverged = guard is not None and guard.diverged is not None
-        return diverged or super()._should_skip_saving_checkpoint(trainer)
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not has_diverged(pl_module):
+            super().on_train_epoch_end(trainer, pl_module)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not has_diverged(pl_module):
+            super().on_validation_end(trainer, pl_module)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not has_diverged(pl_module):
+            super().on_train_end(trainer, pl_module)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if not has_diverged(pl_module):
+            super().on_exception(trainer, pl_module, exception)
 
 
 class Preempted(Exception):  # noqa: N818 (a request, not an error)
