@@ -21,7 +21,6 @@ MOVED = {  # old name -> new name (resnorm_lm.model became the package that re-e
             "trainer",
             "optim",
             "precision",
-            "faults",
             "device_verdicts",
             "monitors",
             "logging",

@@ -15,8 +15,8 @@ import sys
 import warnings
 
 from resnorm_lm.data.errors import DataError
-from resnorm_lm.train.faults import Preempted
 from resnorm_lm.train.lightning_cli import EXIT_PREEMPTED, ResnormCLI, check_checkpoint_argument
+from resnorm_lm.train.preemption import Preempted
 from resnorm_lm.train.recipes import expand_recipe_arguments
 
 

@@ -11,8 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from resnorm_lm.train.checkpoint_files import CheckpointFileError, UnsafeCheckpointError, read_checkpoint_file
-from resnorm_lm.train.faults import AtomicCheckpointIO
+from resnorm_lm.train.checkpoint_files import (
+    AtomicCheckpointIO,
+    CheckpointFileError,
+    UnsafeCheckpointError,
+    read_checkpoint_file,
+)
 from tests.train_helpers import run_cli, smoke_args, write_corpus
 
 REPO = Path(__file__).resolve().parent.parent

@@ -20,19 +20,16 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from resnorm_lm.data.cache import remove_temp_files
 from resnorm_lm.data.datamodule import TextDataModule
+from resnorm_lm.train.checkpoint_callbacks import FinalCheckpoint, GoodStateCheckpoint
+from resnorm_lm.train.checkpoint_files import AtomicCheckpointIO
 from resnorm_lm.train.checkpoints import data_differences
 from resnorm_lm.train.config_checks import check_hardware, check_memory, check_trainer_numbers
 from resnorm_lm.train.cpu_attention import use_for_run
-from resnorm_lm.train.faults import (
-    AtomicCheckpointIO,
-    FinalCheckpoint,
-    GoodStateCheckpoint,
-    PreemptOnSigterm,
-)
 from resnorm_lm.train.lightning_module import LanguageModel
 from resnorm_lm.train.logging import ContinuedCSVLogger
 from resnorm_lm.train.monitors import SparseThroughputMonitor
 from resnorm_lm.train.precision import PrecisionChoice, PrecisionError, resolve_precision, uses_cuda
+from resnorm_lm.train.preemption import PreemptOnSigterm
 from resnorm_lm.train.resume import CheckpointFacts, ResumeRequest, check_resume
 from resnorm_lm.train.runs import RunConfig, RunManifest, StopAfterSteps, run_directory
 from resnorm_lm.train.trainer import Trainer

@@ -17,7 +17,7 @@ from resnorm_lm.targets import IGNORE_INDEX
 from resnorm_lm.train.clipping import ClipRecord
 from resnorm_lm.train.device_verdicts import DeviceVerdicts, ReadVerdicts
 from resnorm_lm.train.diagnostics import StreamRMS, grad_norms
-from resnorm_lm.train.faults import DivergenceConfig, DivergenceGuard, LossWindow
+from resnorm_lm.train.divergence import DivergenceConfig, DivergenceGuard, LossWindow
 from resnorm_lm.train.optim import OptimConfig, build_optimizer
 from resnorm_lm.train.resume import arch_differences
 from resnorm_lm.train.step_boundary import ends_optimizer_step
