@@ -10,7 +10,12 @@ import importlib.util
 import sys
 
 MOVED = {  # old name -> new name (resnorm_lm.model became the package that re-exports GPT, GPTConfig, ...)
-    **{f"resnorm_lm.{m}": f"resnorm_lm.model.{m}" for m in ("placements", "norms", "norms_triton", "generate")},
+    **{f"resnorm_lm.{m}": f"resnorm_lm.model.{m}" for m in ("placements", "norms", "norms_triton")},
+    "resnorm_lm.generate": "resnorm_lm.model.decoding",
+    "resnorm_lm.device_verdicts": "resnorm_lm.train.divergence_on_device",
+    "resnorm_lm.checkpoints": "resnorm_lm.train.loaded_run",
+    "resnorm_lm.checkpoint_files": "resnorm_lm.train.checkpoint_io",
+    "resnorm_lm.sample_cli": "resnorm_lm.analysis.generate",
     "resnorm_lm.kernels": "resnorm_lm.model.kernels",
     "resnorm_lm.kernels.add_norm": "resnorm_lm.model.kernels.add_norm",
     "resnorm_lm.kernels.add_norm_ops": "resnorm_lm.model.kernels.add_norm_ops",
@@ -21,11 +26,8 @@ MOVED = {  # old name -> new name (resnorm_lm.model became the package that re-e
             "trainer",
             "optim",
             "precision",
-            "device_verdicts",
             "monitors",
             "logging",
-            "checkpoints",
-            "checkpoint_files",
             "recipes",
             "runs",
             "resume",
@@ -36,7 +38,7 @@ MOVED = {  # old name -> new name (resnorm_lm.model became the package that re-e
     },
     **{
         f"resnorm_lm.{m}": f"resnorm_lm.analysis.{m}"
-        for m in ("evaluate", "compare", "sweep", "plots", "sample_cli", "layer_contribution")
+        for m in ("evaluate", "compare", "sweep", "plots", "layer_contribution")
     },
 }
 

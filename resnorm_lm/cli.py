@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     tools = {
         "eval": "resnorm_lm.analysis.evaluate",
         "compare": "resnorm_lm.analysis.compare",
-        "generate": "resnorm_lm.analysis.sample_cli",
+        "generate": "resnorm_lm.analysis.generate",
         "at-init": "resnorm_lm.analysis.at_init",
     }
     if args and args[0] in tools:  # subcommands beside LightningCLI's fit / validate / test

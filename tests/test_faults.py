@@ -18,7 +18,7 @@ import torch
 from resnorm_lm.analysis.compare import grid_rows, markdown_report, recipe_row
 from resnorm_lm.analysis.sweep import RunOutcome, RunSpec, Setting, select
 from resnorm_lm.cli import main
-from resnorm_lm.train.checkpoint_files import AtomicCheckpointIO
+from resnorm_lm.train.checkpoint_io import AtomicCheckpointIO
 from resnorm_lm.train.divergence import DivergenceConfig, DivergenceGuard
 from resnorm_lm.train.preemption import PreemptOnSigterm
 from tests.train_helpers import final_weights, run_cli, smoke_args, train_losses, write_corpus

@@ -61,7 +61,7 @@ from resnorm_lm.analysis.sweep import (
 )
 from resnorm_lm.analysis.sweep import select as select_setting
 from resnorm_lm.data.cache import atomic_write, write_csv_atomic
-from resnorm_lm.train.checkpoints import CheckpointError
+from resnorm_lm.train.loaded_run import CheckpointError
 from resnorm_lm.train.precision import PrecisionError, uses_cuda
 from resnorm_lm.train.recipes import (
     RecipeError,

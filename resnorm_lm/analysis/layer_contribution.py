@@ -141,7 +141,7 @@ def validation_slice(datamodule, n_tokens: int) -> tuple[torch.Tensor, torch.Ten
 def run_contribution(run_dir: Path, n_tokens: int = DEFAULT_TOKENS) -> dict | None:
     """A finished run's measurement at its final weights: from its cache when it was measured at the run's
     last step on the same slice, else from ``checkpoints/last.ckpt`` (cached then); None without either."""
-    from resnorm_lm.train.checkpoints import load_run
+    from resnorm_lm.train.loaded_run import load_run
 
     run_dir = Path(run_dir)
     cache = run_dir / CACHE_FILE

@@ -6,7 +6,7 @@
     norms.py         LayerNorm, RMSNorm, ScaleNorm, DyT by name; the torch and triton backends
     norms_triton.py  the triton backend's modules over kernels/
     kernels/         the Triton "Add & Norm" kernels and their PyTorch custom operators
-    generate.py      sampling from a GPT
+    decoding.py      sampling text from a GPT: temperature and top-k
 
 Imports: torch, triton (kernels only), ``resnorm_lm.registry`` and ``resnorm_lm.targets``; nothing from ``data``,
 ``train`` or ``analysis``. A model is usable without Lightning.

@@ -1,7 +1,7 @@
 """The callbacks that write a run's checkpoints: periodic ones at good states only, and a final one.
 
 Both write through Lightning's ``trainer.save_checkpoint``, which the run's ``AtomicCheckpointIO``
-(``checkpoint_files.py``) turns into an atomic write; neither writes once the divergence guard has ended the run,
+(``checkpoint_io.py``) turns into an atomic write; neither writes once the divergence guard has ended the run,
 so last.ckpt stays the last good state.
 """
 

@@ -1,7 +1,7 @@
 """Catching divergence: when a step's loss counts as bad, and the guard that judges every optimizer step.
 
 ``DivergenceGuard`` judges each step on the host before its last backward (a bad step's gradients are dropped);
-``device_verdicts.py`` holds its device-side twin, which judges without a host sync. Both judge a step whole:
+``divergence_on_device.py`` holds its device-side twin, which judges without a host sync. Both judge a step whole:
 ``LossWindow`` gathers the losses of every micro-batch of its accumulation window on every rank.
 """
 
@@ -26,7 +26,7 @@ class DivergenceConfig:
     # where each optimizer step is judged (on its window of micro-batches on every rank: LossWindow).
     # host: read back before the last backward (a host sync every step), a bad step's gradients are
     # dropped. device: on the loss's device, the fused optimizer skips a bad step there, the verdict is
-    # read back after the step is queued (resnorm_lm/train/device_verdicts.py). auto: device where the
+    # read back after the step is queued (resnorm_lm/train/divergence_on_device.py). auto: device where the
     # optimizer is fused (CUDA) and no GradScaler (16-mixed) owns the optimizer's skip flag, else host.
     verdict: str = "auto"
 

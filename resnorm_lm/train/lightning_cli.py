@@ -21,11 +21,11 @@ from lightning.pytorch.utilities import rank_zero_only
 from resnorm_lm.data.cache import remove_temp_files
 from resnorm_lm.data.datamodule import TextDataModule
 from resnorm_lm.train.checkpoint_callbacks import FinalCheckpoint, GoodStateCheckpoint
-from resnorm_lm.train.checkpoint_files import AtomicCheckpointIO
-from resnorm_lm.train.checkpoints import data_differences
+from resnorm_lm.train.checkpoint_io import AtomicCheckpointIO
 from resnorm_lm.train.config_checks import check_hardware, check_memory, check_trainer_numbers
 from resnorm_lm.train.cpu_attention import use_for_run
 from resnorm_lm.train.lightning_module import LanguageModel
+from resnorm_lm.train.loaded_run import data_differences
 from resnorm_lm.train.logging import ContinuedCSVLogger
 from resnorm_lm.train.monitors import SparseThroughputMonitor
 from resnorm_lm.train.precision import PrecisionChoice, PrecisionError, resolve_precision, uses_cuda

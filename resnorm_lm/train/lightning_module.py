@@ -15,9 +15,9 @@ from torchmetrics import Metric
 from resnorm_lm.model.gpt import GPT, GPTConfig
 from resnorm_lm.targets import IGNORE_INDEX
 from resnorm_lm.train.clipping import ClipRecord
-from resnorm_lm.train.device_verdicts import DeviceVerdicts, ReadVerdicts
 from resnorm_lm.train.diagnostics import StreamRMS, grad_norms
 from resnorm_lm.train.divergence import DivergenceConfig, DivergenceGuard, LossWindow
+from resnorm_lm.train.divergence_on_device import DeviceVerdicts, ReadVerdicts
 from resnorm_lm.train.optim import OptimConfig, build_optimizer
 from resnorm_lm.train.resume import arch_differences
 from resnorm_lm.train.step_boundary import ends_optimizer_step
@@ -92,7 +92,7 @@ class LanguageModel(L.LightningModule):
             block, every ``log_every_n_steps``.
         divergence: when a step's loss counts as diverged (NaN/Inf, or a factor above its running minimum),
             whether a bad step stops the run or is skipped, and where it is judged (host, or on the
-            device with the fused optimizer skipping it there: resnorm_lm/train/device_verdicts.py). A step
+            device with the fused optimizer skipping it there: resnorm_lm/train/divergence_on_device.py). A step
             is judged whole (all its micro-batches) and for all DDP ranks at once.
         compile: torch.compile the GPT in place (``nn.Module.compile``: state-dict keys unchanged, so
             checkpoints stay interchangeable). Opt-in: see docs/benchmarks.md for its effect here.
@@ -365,7 +365,7 @@ class LanguageModel(L.LightningModule):
 
 
 def numpy_rng_state() -> dict:
-    """numpy's global RNG state as tensors and ints, loadable as data (resnorm_lm/train/checkpoint_files.py)."""
+    """numpy's global RNG state as tensors and ints, loadable as data (resnorm_lm/train/checkpoint_io.py)."""
     name, keys, pos, has_gauss, cached = np.random.get_state()
     return {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
             "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}  # fmt: skip
