@@ -232,7 +232,8 @@ class GPT(nn.Module):
         return None, linear_cross_entropy(h.flatten(0, 1), self.lm_head.weight, targets.flatten(), reduction)
 
     def flops_per_token(self, context: int | None = None) -> int:
-        """Training FLOPs per token at ``context`` (default block_size): 6N + 12 L C T (PaLM, appendix B)."""
+        """Training FLOPs per token at ``context`` (default block_size): 6N + 12 L C T (PaLM: Chowdhery et al. 2022,
+        arXiv 2204.02311, appendix B). The project's one FLOPs formula: the Trainer and the benchmarks use it."""
         cfg = self.config
         return 6 * self.num_parameters() + 12 * cfg.n_layer * cfg.n_embd * (context or cfg.block_size)
 

@@ -240,7 +240,7 @@ class LanguageModel(L.LightningModule):
 
     @property
     def flops_per_batch(self) -> int | None:
-        """Training FLOPs of one batch, 6N + 12 L C T per token (PaLM, appendix B), for ThroughputMonitor."""
+        """Training FLOPs of one batch (``GPT.flops_per_token`` x its tokens), for ThroughputMonitor."""
         batch = getattr(self._datamodule(), "batch_size", None)
         if batch is None:
             return None
