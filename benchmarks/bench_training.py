@@ -252,7 +252,7 @@ def bench_norms(widths: list[int], rows: int, repeat: int) -> list[dict]:
                 norm_module = build_norm(name, max(widths))
 
                 def step(x, d, norm):
-                    y = norm.add_norm(x, d)[0] if d is not None else norm(x)
+                    y = norm.add_norm(x, d).normed if d is not None else norm(x)
                     y.sum().backward()
 
                 fn = torch.compile(step, dynamic=False) if compiled else step

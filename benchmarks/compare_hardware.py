@@ -5,7 +5,8 @@
 
 Run directories match by their path under each root (``<recipe>/<profile>-lr..-wu..-seed..``). Prints
 every pair, then the median and largest absolute difference over the pairs where both runs learn
-(validation loss more than 0.1 nats below the unigram reference, passed as --unigram).
+(validation loss more than ``NOT_LEARNING_NATS`` below the unigram reference, passed as --unigram: the rule by
+which ``make compare`` flags a run "not learning").
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ import json
 import statistics
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from resnorm_lm.analysis.sweep import NOT_LEARNING_NATS  # noqa: E402 (after the path)
 
 
 def val_loss(run_dir: Path) -> float | None:
@@ -41,7 +46,7 @@ def main() -> int:
         diff = None if a is None or b is None else b - a
         print(f"{str(rel):48} {a if a is None else f'{a:.3f}':>10} {b if b is None else f'{b:.3f}':>10} "
               f"{'-' if diff is None else f'{diff:+.3f}':>8}")  # fmt: skip
-        if diff is not None and max(a, b) < args.unigram - 0.1:
+        if diff is not None and max(a, b) < args.unigram - NOT_LEARNING_NATS:
             learning.append(abs(diff))
     if not learning:
         print("no pair where both runs learn", file=sys.stderr)

@@ -64,7 +64,9 @@ def kind_of(event) -> str:
 
 def plain_cross_entropy(h, weight, targets, reduction="mean"):
     """The head and loss written plainly: the (N, V) logits, then ``F.cross_entropy``."""
-    return F.cross_entropy(F.linear(h, weight).float(), targets, ignore_index=-100, reduction=reduction)
+    from resnorm_lm.targets import IGNORE_INDEX
+
+    return F.cross_entropy(F.linear(h, weight).float(), targets, ignore_index=IGNORE_INDEX, reduction=reduction)
 
 
 @contextlib.contextmanager

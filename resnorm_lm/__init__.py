@@ -6,7 +6,8 @@ The package has three wings, and dependencies run one way, cli -> analysis -> tr
     data/      corpora -> tokenizer -> token bins -> sampling (imports nothing of the others)
     train/     the LightningModule, the Trainer and everything a run needs (model, data)
     analysis/  eval, compare and sweeps, plots, layer contribution, generation (train, model, data)
-    cli.py     the ``resnorm-lm`` command; registry.py, the by-name registry model and data share
+    cli.py     the ``resnorm-lm`` command; registry.py, the by-name registry model and data share; targets.py,
+               the target value both wings skip (IGNORE_INDEX)
 """
 
 from resnorm_lm.model.gpt import GPT, GPTConfig

@@ -16,14 +16,14 @@ import sys
 import warnings
 
 from resnorm_lm.data.errors import DataError
-from resnorm_lm.train.faults import Preempted
 from resnorm_lm.train.lightning_cli import EXIT_PREEMPTED, ResnormCLI, check_checkpoint_argument
+from resnorm_lm.train.preemption import Preempted
 from resnorm_lm.train.recipes import expand_recipe_arguments
 
 TOOLS = {  # the commands beside LightningCLI's: the module whose main() each runs
     "eval": "resnorm_lm.analysis.evaluate",
     "compare": "resnorm_lm.analysis.compare",
-    "generate": "resnorm_lm.analysis.sample_cli",
+    "generate": "resnorm_lm.analysis.generate",
     "at-init": "resnorm_lm.analysis.at_init",
 }
 COMMANDS = {  # what `resnorm-lm --help` lists: LightningCLI's fit, validate and test, then the TOOLS

@@ -23,8 +23,9 @@ import signal
 import time
 
 import lightning as L
+import torch
 
-import resnorm_lm.train.faults as faults
+import resnorm_lm.data.cache as atomic_files
 
 
 def _kill(sig=signal.SIGKILL):
@@ -44,8 +45,9 @@ class FaultProbe(L.Callback):
             self._patch_checkpoint_writes(trainer)
 
     def _patch_checkpoint_writes(self, trainer):
+        """Checkpoints are written by ``torch.save`` into the file ``atomic_write`` renames into place."""
         probe = self
-        real_replace, real_save = faults.os.replace, faults.torch.save
+        real_replace, real_save = atomic_files.os.replace, torch.save
 
         class PatchedOS:
             def __getattr__(self, name):
@@ -53,7 +55,7 @@ class FaultProbe(L.Callback):
 
             @staticmethod
             def replace(src, dst):
-                if probe.where == "save" and trainer.global_step == probe.step:
+                if probe.where == "save" and str(dst).endswith(".ckpt") and trainer.global_step == probe.step:
                     _kill()
                 return real_replace(src, dst)
 
@@ -65,8 +67,8 @@ class FaultProbe(L.Callback):
                 _kill()
             return real_save(obj, f)
 
-        faults.os = PatchedOS()
-        faults.torch.save = save
+        atomic_files.os = PatchedOS()
+        torch.save = save
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if self.where == "sigterm_batch" and batch_idx == self.step:

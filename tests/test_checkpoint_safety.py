@@ -11,8 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from resnorm_lm.train.checkpoint_files import CheckpointFileError, UnsafeCheckpointError, read_checkpoint_file
-from resnorm_lm.train.faults import AtomicCheckpointIO
+from resnorm_lm.train.checkpoint_io import (
+    AtomicCheckpointIO,
+    CheckpointFileError,
+    UnsafeCheckpointError,
+    read_checkpoint_file,
+)
 from tests.train_helpers import run_cli, smoke_args, write_corpus
 
 REPO = Path(__file__).resolve().parent.parent
@@ -130,7 +134,7 @@ def test_no_code_path_loads_a_checkpoint_other_than_through_the_safe_reader():
     offenders = []
     for path in sources:
         text = path.read_text()
-        if path.name != "checkpoint_files.py" and loads.search(text):
+        if path.name != "checkpoint_io.py" and loads.search(text):
             offenders.append(str(path.relative_to(REPO)))
         # weights_only=False is an unrestricted load, except in save_checkpoint, where it means a full save
         if any("weights_only=False" in line and "save_checkpoint(" not in line for line in text.splitlines()):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from resnorm_lm.data import TextDataModule
-from resnorm_lm.data.sampling import IGNORE_INDEX
+from resnorm_lm.targets import IGNORE_INDEX
 from tests.data_fixtures import make_documents, write_documents
 
 VOCAB, BLOCK, BATCH = 400, 32, 4

@@ -267,7 +267,7 @@ def test_written_files_get_the_mode_open_gives(corpus_files, tmp_path, umask):
     """Token bins, tokenizer, manifest, eval.json, tables and checkpoints: 0o666 less the umask (not 0600),
     so a cache or results folder shared on a cluster stays readable to the others."""
     from resnorm_lm.data.cache import atomic_write, write_csv_atomic, write_json_atomic
-    from resnorm_lm.train.faults import AtomicCheckpointIO
+    from resnorm_lm.train.checkpoint_io import AtomicCheckpointIO
 
     before = os.umask(umask)
     try:

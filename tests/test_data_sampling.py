@@ -17,7 +17,7 @@ from resnorm_lm.data import (
     TrainBatchStream,
     TrainWindows,
 )
-from resnorm_lm.data.sampling import IGNORE_INDEX
+from resnorm_lm.targets import IGNORE_INDEX
 
 N, T, B = 1000, 16, 4  # tokens, block size, batch size: 61 windows with offsets, 15 batches an epoch
 

@@ -19,7 +19,9 @@ from resnorm_lm.analysis.report import markdown_report
 from resnorm_lm.analysis.sweep import RunOutcome, RunSpec, Setting, select
 from resnorm_lm.analysis.tables import grid_rows, recipe_row
 from resnorm_lm.cli import main
-from resnorm_lm.train.faults import AtomicCheckpointIO, DivergenceConfig, DivergenceGuard, PreemptOnSigterm
+from resnorm_lm.train.checkpoint_io import AtomicCheckpointIO
+from resnorm_lm.train.divergence import DivergenceConfig, DivergenceGuard
+from resnorm_lm.train.preemption import PreemptOnSigterm
 from tests.train_helpers import final_weights, run_cli, smoke_args, train_losses, write_corpus
 
 REPO = Path(__file__).resolve().parents[1]
@@ -71,10 +73,10 @@ def test_sigkill_at_any_point_then_resume_last_matches_an_uninterrupted_run(base
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)  # intact: loads
     assert ckpt["global_step"] < TOTAL
     if fault.startswith(("save", "partial")):
-        assert list((run_dir / "checkpoints").glob(".*.tmp-*")), "the killed write should have left its temp file"
+        assert list((run_dir / "checkpoints").glob(".tmp-*")), "the killed write should have left its temp file"
     resumed = fit_process(tmp, corpus, root, "--ckpt_path=last")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert not list((run_dir / "checkpoints").glob(".*.tmp-*"))  # the stale temp file was cleaned up
+    assert not list((run_dir / "checkpoints").glob(".tmp-*"))  # the stale temp file was cleaned up
     assert_same_as_baseline(baseline, run_dir)
 
 
@@ -317,11 +319,34 @@ def test_atomic_checkpoint_io_never_leaves_a_partial_file(tmp_path, monkeypatch)
         f.write(b"partial")
         raise OSError("disk full")
 
-    monkeypatch.setattr("resnorm_lm.train.faults.torch.save", broken_save)
+    monkeypatch.setattr(torch, "save", broken_save)
     with pytest.raises(OSError, match="disk full"):
         io.save_checkpoint({"global_step": 2}, path)
     assert torch.load(path, weights_only=True) == {"global_step": 1}
     assert list(tmp_path.iterdir()) == [path]
+
+
+def test_a_checkpoint_write_syncs_the_file_renames_it_then_syncs_the_folder(tmp_path, monkeypatch):
+    """Without the folder's fsync a rename can be lost to a power cut, leaving the previous checkpoint."""
+    import stat
+
+    import resnorm_lm.data.cache as atomic_files
+
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append("fsync folder" if stat.S_ISDIR(os.fstat(fd).st_mode) else "fsync file")
+        real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(f"rename to {Path(dst).name}")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(atomic_files.os, "fsync", fsync)
+    monkeypatch.setattr(atomic_files.os, "replace", replace)
+    AtomicCheckpointIO().save_checkpoint({"global_step": 1}, tmp_path / "last.ckpt")
+    assert events == ["fsync file", "rename to last.ckpt", "fsync folder"]
 
 
 # ---------------------------------------------------------------- bad input

@@ -19,9 +19,9 @@ from lightning.pytorch.plugins import MixedPrecision
 from torch.utils.data import DataLoader, TensorDataset
 
 from resnorm_lm.model.gpt import GPT, GPTConfig
-from resnorm_lm.train.device_verdicts import DeviceVerdicts
 from resnorm_lm.train.diagnostics import grad_norms
-from resnorm_lm.train.faults import DivergenceConfig, DivergenceGuard, LossWindow
+from resnorm_lm.train.divergence import DivergenceConfig, DivergenceGuard, LossWindow
+from resnorm_lm.train.divergence_on_device import DeviceVerdicts
 from resnorm_lm.train.lightning_module import LanguageModel
 from resnorm_lm.train.monitors import SparseThroughputMonitor
 from resnorm_lm.train.optim import OptimConfig, build_optimizer

@@ -8,7 +8,8 @@ import torch.nn.functional as F
 
 import resnorm_lm.model.loss as loss_module
 from resnorm_lm.model.gpt import GPT, GPTConfig
-from resnorm_lm.model.loss import IGNORE_INDEX, linear_cross_entropy
+from resnorm_lm.model.loss import linear_cross_entropy
+from resnorm_lm.targets import IGNORE_INDEX
 
 
 def plain(h, w, t, reduction, bf16=False):

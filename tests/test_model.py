@@ -75,6 +75,10 @@ def test_rezero_gates_get_gradient_at_init():
 @pytest.mark.parametrize("placement", PLACEMENTS.names())
 def test_every_norm_and_placement_pair_trains_a_step(norm, placement):
     torch.manual_seed(0)
+    if not PLACEMENTS.get(placement).has_norms and norm not in ("layernorm", "none"):
+        with pytest.raises(ValueError, match=f"placement {placement!r} has no norm, so norm={norm!r} would change"):
+            tiny(norm=norm, placement=placement)
+        return
     if NORMS.get(norm).needs_roles and not PLACEMENTS.get(placement).names_norm_roles:
         with pytest.raises(ValueError, match=f"placement {placement!r} does not say; use it with placement: prenorm"):
             tiny(norm=norm, placement=placement)
@@ -132,6 +136,11 @@ def test_init_follows_gpt2():
         (dict(norm_eps=0), "norm_eps must be > 0"),
         (dict(norm="group"), "unknown norm 'group'; valid norms: dyt, dyt_llm, dyt_lnout, layernorm"),
         (dict(norm="dyt", norm_backend="triton"), "norm_backend 'triton' implements layernorm and rmsnorm, not 'dyt'"),
+        # settings nothing would read: a placement without norms, a norm without an epsilon
+        (dict(placement="rezero", norm="rmsnorm"), "placement 'rezero' has no norm, so norm='rmsnorm' would change"),
+        (dict(placement="rezero_shared", norm_eps=1e-6), r"leave norm_eps at the default \(norm_eps=1e-05"),
+        (dict(norm="dyt", norm_eps=1e-6), "norm 'dyt' has no epsilon, so norm_eps=1e-06 would change nothing"),
+        (dict(norm="none", norm_eps=1e-3), "norm 'none' has no epsilon"),
     ],
 )
 def test_bad_config_gives_a_clear_error(overrides, message):

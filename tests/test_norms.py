@@ -157,13 +157,14 @@ def test_constant_rows_give_no_nan(name):
 
 
 @pytest.mark.parametrize("name", NORMS.names())
-def test_add_norm_returns_normalized_sum_and_sum(name):
+def test_add_norm_returns_the_sum_then_its_norm(name):
     norm = build_norm(name, 48)
     randomize_parameters(norm)
     x, d = torch.randn(2, 5, 48), torch.randn(2, 5, 48)
-    y, s = norm.add_norm(x, d)
+    s, y = norm.add_norm(x, d)  # x = x + d;  h = norm(x)
     torch.testing.assert_close(s, x + d)
     torch.testing.assert_close(y, norm(x + d))
+    assert norm.add_norm(x, d).stream is not None and norm.add_norm(x, d).normed is not None
 
 
 # ---------------------------------------------------------------- parameter semantics and registry

@@ -1,4 +1,4 @@
-"""Each placement against its formula (REFERENCES.md) on toy sublayers."""
+"""Each placement against its formula (from the paper its docstring cites) on toy sublayers."""
 
 import math
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from resnorm_lm.train.faults import AtomicCheckpointIO, Preempted, PreemptOnSigterm
+from resnorm_lm.train.checkpoint_io import AtomicCheckpointIO
+from resnorm_lm.train.preemption import Preempted, PreemptOnSigterm
 from tests.train_helpers import run_cli, smoke_args, train_losses, write_corpus
 
 REPO = Path(__file__).resolve().parents[1]

@@ -273,7 +273,7 @@ def test_compiled_model_trains_and_its_checkpoint_loads_uncompiled(tmp_path, cor
     root = tmp_path / "runs"
     code = run_cli(smoke_args(tmp_path, corpus, f"--run.root={root}", "--model.compile=true", "--trainer.max_steps=3"))
     assert code == 0, capsys.readouterr().err[-2000:]
-    from resnorm_lm.train.checkpoints import load_run
+    from resnorm_lm.train.loaded_run import load_run
 
     run = load_run(root / "prenorm-12l" / "smoke-seed1")  # plain module, the same state-dict keys
     assert run.global_step == 3

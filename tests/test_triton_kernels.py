@@ -34,7 +34,8 @@ def run_norm(module, x, d, dy, ds, dtype):
         loss = (outs[0].to(dy.dtype) * dy).sum()
         inputs = [x]
     else:
-        outs = module.add_norm(x, d)
+        added = module.add_norm(x, d)
+        outs = (added.normed, added.stream)
         loss = (outs[0].to(dy.dtype) * dy).sum() + (outs[1].to(ds.dtype) * ds).sum()
         inputs = [x, d]
     return outs, torch.autograd.grad(loss, inputs + list(module.parameters()))
@@ -86,8 +87,8 @@ def test_three_dimensional_stream_and_mixed_dtypes():
     fused, plain, _ = pair("layernorm", 64, True)
     x = torch.randn(2, 9, 64, requires_grad=True)  # the fp32 stream
     d = torch.randn(2, 9, 64, dtype=torch.bfloat16, requires_grad=True)  # a bf16 sublayer output
-    y, s = fused.add_norm(x, d)
-    yr, sr = plain.add_norm(x, d)
+    s, y = fused.add_norm(x, d)
+    sr, yr = plain.add_norm(x, d)
     assert s.dtype == sr.dtype == torch.float32 and y.shape == (2, 9, 64)
     torch.testing.assert_close(y, yr, atol=1e-5, rtol=1e-5)
     (y.sum() + s.sum()).backward()

@@ -15,7 +15,7 @@
       (every run directory is read through ``resnorm_lm.train.runs.RunDir``)
     plots.py               loss curves, LR sensitivity, gradient norms, the depth figures
     layer_contribution.py  the curse-of-depth measurement (loss when a block is skipped, angular distance)
-    sample_cli.py          ``resnorm-lm generate``
+    generate.py            ``resnorm-lm generate``: sample text from a trained run
 
 Imports: ``train``, ``model`` and ``data``; nothing from ``cli`` (which imports this wing).
 """

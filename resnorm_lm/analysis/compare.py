@@ -44,7 +44,7 @@ from resnorm_lm.analysis.sweep_rounds import run_sweep
 from resnorm_lm.analysis.sweep_runner import SweepTrainer
 from resnorm_lm.analysis.tables import depth_sort_key, grid_rows, recipe_row, sort_key
 from resnorm_lm.analysis.tuned_overlays import write_tuned_overlays
-from resnorm_lm.train.checkpoints import CheckpointError
+from resnorm_lm.train.loaded_run import CheckpointError
 from resnorm_lm.train.precision import PrecisionError
 from resnorm_lm.train.recipes import RecipeError, recipe_depth, recipe_path, resolve_profile
 

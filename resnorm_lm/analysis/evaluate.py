@@ -21,9 +21,10 @@ import torch
 from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT_STR
 from lightning.pytorch.utilities import rank_zero_only
 
+from resnorm_lm.analysis.layer_contribution import group_rows
 from resnorm_lm.data.cache import write_csv_atomic, write_json_atomic
 from resnorm_lm.model.gpt import count_parameters
-from resnorm_lm.train.checkpoints import CheckpointError, LoadedRun, load_run
+from resnorm_lm.train.loaded_run import CheckpointError, LoadedRun, load_run
 from resnorm_lm.train.precision import (
     AUTO,
     PrecisionChoice,
@@ -98,10 +99,7 @@ def data_facts(run: LoadedRun) -> dict[str, Any]:
 
 def text_groups(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     """Rows by evaluation text (corpus and its fingerprint; the split is the table's), in order of appearance."""
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for row in rows:
-        groups.setdefault((row["corpus"], row["corpus_fingerprint"]), []).append(row)
-    return list(groups.values())
+    return list(group_rows(rows, ("corpus", "corpus_fingerprint")).values())
 
 
 def comparability_notes(groups: list[list[dict[str, Any]]]) -> list[str]:

@@ -38,9 +38,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from resnorm_lm.data.cache import write_json_atomic
-from resnorm_lm.data.sampling import IGNORE_INDEX
 from resnorm_lm.model.gpt import GPT
 from resnorm_lm.model.placements import Stream
+from resnorm_lm.targets import IGNORE_INDEX
 from resnorm_lm.train.runs import RunDir
 
 CACHE_FILE = "layer_contribution.json"
@@ -142,7 +142,7 @@ def validation_slice(datamodule, n_tokens: int) -> tuple[torch.Tensor, torch.Ten
 def run_contribution(run_dir: Path, n_tokens: int = DEFAULT_TOKENS) -> dict | None:
     """A finished run's measurement at its final weights: from its cache when it was measured at the run's
     last step on the same slice, else from ``checkpoints/last.ckpt`` (cached then); None without either."""
-    from resnorm_lm.train.checkpoints import load_run
+    from resnorm_lm.train.loaded_run import load_run
 
     run_files = RunDir(run_dir)
     cache = run_files.path / CACHE_FILE

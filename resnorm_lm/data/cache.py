@@ -90,11 +90,14 @@ def _create_temp_file(path: Path) -> tuple[int, Path]:
 
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO[Any]]:
-    """Write ``path`` all or nothing: a temp file in the same folder, fsync, then ``os.replace``.
+    """Write ``path`` all or nothing: a temp file in the same folder, fsync, ``os.replace``, fsync the folder.
 
-    A crash or an exception leaves the previous file (or none), never a partial one;
-    the temp file is removed on exceptions (a hard kill may leave a ``.tmp-*`` file,
-    which nothing reads). The file gets the mode a plain ``open()`` gives (0o666 less the umask).
+    The project's one writer of files that must never be seen half written: the data cache, run summaries and
+    tables, and checkpoints (``AtomicCheckpointIO``). A crash, a kill or an exception at any moment leaves the
+    previous file (or none) or the new one, never a partial one, and after the folder's fsync the rename itself
+    survives a power cut. The temp file is removed on exceptions; a hard kill may leave a ``.tmp-*`` file, which
+    nothing reads and ``remove_temp_files`` deletes. The file gets the mode a plain ``open()`` gives (0o666 less
+    the umask).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -109,6 +112,24 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO[Any]]
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+    fsync_folder(path.parent)
+
+
+def fsync_folder(folder: Path) -> None:
+    """Write ``folder``'s entries to disk: a rename inside it is durable only once the folder is synced."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_temp_files(folder: Path) -> list[Path]:
+    """Delete the temp files that ``atomic_write``s killed midway left in ``folder``; return them."""
+    stale = sorted(folder.glob(".tmp-*")) if folder.is_dir() else []
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
 
 
 @contextlib.contextmanager
@@ -170,6 +191,7 @@ def publish_folder(build: Path, target: Path, is_valid: Callable[[Path], bool]) 
     while True:
         try:
             os.rename(build, target)  # atomic; refused when target is a non-empty folder
+            fsync_folder(target.parent)
             return True
         except OSError as err:
             if err.errno not in (errno.EEXIST, errno.ENOTEMPTY):

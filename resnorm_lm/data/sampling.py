@@ -23,8 +23,7 @@ import torch
 from torch.utils.data import Dataset, DistributedSampler, IterableDataset, Sampler, get_worker_info
 
 from resnorm_lm.data.errors import DataError
-
-IGNORE_INDEX = -100  # target value that cross_entropy(ignore_index=-100) skips
+from resnorm_lm.targets import IGNORE_INDEX
 
 
 def _check_long_enough(n_tokens: int, block_size: int, what: str) -> None:
@@ -165,7 +164,7 @@ class EvalWindows(Dataset):
 
     Window ``i`` has inputs ``tokens[i*T : i*T + T]`` and targets ``tokens[i*T + 1 :
     i*T + T + 1]``; the last window is padded (inputs with 0, targets with
-    ``-100``), so the tail is kept. ``n_bytes``/``n_words`` come from the manifest:
+    ``IGNORE_INDEX``), so the tail is kept. ``n_bytes``/``n_words`` come from the manifest:
     bits per byte = sum_nll / (ln 2 * n_bytes), word perplexity = exp(sum_nll / n_words).
     """
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import partial
 
 import torch
@@ -14,8 +14,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from resnorm_lm.model.init import INITS
 from resnorm_lm.model.loss import linear_cross_entropy
-from resnorm_lm.model.norms import NORM_BACKENDS, NORMS, build_norm, check_norm_choice
-from resnorm_lm.model.placements import PLACEMENTS, BlockContext, Stream
+from resnorm_lm.model.norms import NORM_BACKENDS, NORMS, Norm, build_norm, check_norm_choice
+from resnorm_lm.model.placements import PLACEMENTS, BlockContext, Placement, Stream
 
 
 @dataclass
@@ -28,10 +28,16 @@ class GPTConfig:
     n_head: int = 4  # attention heads; must divide n_embd
     n_embd: int = 256  # model width C
     dropout: float = 0.0  # on attention weights, sublayer outputs and embeddings
-    bias: bool = True  # biases in Linear layers and norms (False: no bias parameters at all)
-    norm: str = "layernorm"  # layernorm | rmsnorm | scalenorm | dyt | dyt_llm | dyt_lnout | none
+    # biases in Linear layers and in the norms that have one (layernorm, dyt, dyt_lnout); rmsnorm, scalenorm and
+    # dyt_llm never have a bias, whatever this says (False: no bias parameters at all)
+    bias: bool = True
+    # layernorm | rmsnorm | scalenorm | dyt | dyt_llm | dyt_lnout | none; a placement without norms (rezero) refuses
+    # any other than the default or none
+    norm: str = "layernorm"
     norm_backend: str = "torch"  # torch | triton
-    norm_eps: float = 1e-5  # inside the square root: (x - mean) / sqrt(var + eps)
+    # inside the square root: (x - mean) / sqrt(var + eps); a norm without one (dyt, dyt_llm, none) refuses another
+    # value than the default
+    norm_eps: float = 1e-5
     tie_embeddings: bool = True  # the LM head shares the token embedding matrix (False: its own matrix)
     init: str = "gpt2"  # gpt2 | plain | xavier | xavier_rescaled: how the weights start (resnorm_lm/model/init.py)
     placement: str = (
@@ -55,12 +61,36 @@ class GPTConfig:
             raise ValueError(f"norm_eps must be > 0, got {self.norm_eps}")
         placement = PLACEMENTS.get(self.placement)
         INITS.get(self.init)
+        norm = NORMS.get(self.norm)
+        NORM_BACKENDS.get(self.norm_backend)
+        self._refuse_settings_nothing_reads(placement, norm)
         check_norm_choice(self.norm, self.norm_backend)
-        if NORMS.get(self.norm).needs_roles and not placement.names_norm_roles:
+        if norm.needs_roles and not placement.names_norm_roles:
             roled = [name for name in PLACEMENTS.names() if PLACEMENTS.get(name).names_norm_roles]
             raise ValueError(
                 f"norm {self.norm!r} is initialized by what each norm feeds, which placement {self.placement!r} "
                 f"does not say; use it with placement: {' or '.join(roled)}"
+            )
+
+    def _refuse_settings_nothing_reads(self, placement: type[Placement], norm: type[Norm]) -> None:
+        """A setting changed from its default that the chosen placement or norm never reads is a mistake in the
+        config, not a choice: say so rather than train a model that ignores it. (Defaults are accepted: recipes
+        state them for every variant.)"""
+        default = {f.name: f.default for f in fields(GPTConfig)}
+        if not placement.has_norms:
+            keys = [key for key in ("norm", "norm_backend", "norm_eps")
+                    if getattr(self, key) != default[key] and not (key == "norm" and self.norm == "none")]  # fmt: skip
+            if keys:
+                given = ", ".join(f"{k}={getattr(self, k)!r}" for k in keys)
+                raise ValueError(
+                    f"placement {self.placement!r} has no norm, so {given} would change nothing: leave "
+                    f"{' and '.join(keys)} at the default ({', '.join(f'{k}={default[k]!r}' for k in keys)}; norm "
+                    "may also be 'none'), or choose a placement with norms"
+                )
+        if not norm.has_eps and self.norm_eps != default["norm_eps"]:
+            raise ValueError(
+                f"norm {self.norm!r} has no epsilon, so norm_eps={self.norm_eps!r} would change nothing: leave "
+                f"norm_eps at the default ({default['norm_eps']!r}), or choose a norm with one (layernorm, rmsnorm)"
             )
 
 
@@ -135,13 +165,13 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Attention and MLP sublayers wired by the configured placement."""
+    """Attention and MLP sublayers wired by ``placement``, this block's instance of the model's placement."""
 
-    def __init__(self, cfg: GPTConfig, layer: int) -> None:
+    def __init__(self, cfg: GPTConfig, placement: Placement) -> None:
         super().__init__()
         self.attn = CausalSelfAttention(cfg)
         self.mlp = MLP(cfg)
-        self.placement = PLACEMENTS.get(cfg.placement)(BlockContext(layer, cfg.n_layer, norm_factory(cfg)))
+        self.placement = placement  # its norms and learnable scalars; its formula in its docstring
 
     def forward(self, stream: Stream) -> Stream:
         return self.placement(stream, (self.attn, self.mlp))
@@ -149,20 +179,27 @@ class Block(nn.Module):
 
 class GPT(nn.Module):
     """Token + learned position embeddings, N blocks, a readout, and an LM head (tied to the token
-    embedding unless ``tie_embeddings`` is False)."""
+    embedding unless ``tie_embeddings`` is False).
+
+    ``placement`` (the class registered under ``config.placement``) owns the residual wiring: each block's is an
+    instance of it (``Block.placement``, holding that block's norms), and it says how the stream starts
+    (``embed``, after ``embedding_norm``), how it is read out (``readout``) and which tensor is the residual.
+    """
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.config = cfg
-        placement = PLACEMENTS.get(cfg.placement)
-        self.placement_cls = placement
+        self.placement = PLACEMENTS.get(cfg.placement)
+        make_norm = norm_factory(cfg)
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
         self.drop = nn.Dropout(cfg.dropout)
         self.embed_scale = NORM_BACKENDS.get(cfg.norm_backend).norm_class(cfg.norm).input_scale(cfg.n_embd)
-        self.blocks = nn.ModuleList([Block(cfg, layer) for layer in range(cfg.n_layer)])
-        self.embedding_norm = placement.build_embedding_norm(norm_factory(cfg))  # Identity but for Peri-LN's
-        self.readout = placement.build_readout(norm_factory(cfg))
+        self.blocks = nn.ModuleList(
+            [Block(cfg, self.placement(BlockContext(layer, cfg.n_layer, make_norm))) for layer in range(cfg.n_layer)]
+        )
+        self.embedding_norm = self.placement.build_embedding_norm(make_norm)  # Identity but for Peri-LN's
+        self.readout = self.placement.build_readout(make_norm)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight  # tied input/output embeddings
@@ -179,14 +216,14 @@ class GPT(nn.Module):
         self, idx: torch.Tensor, targets: torch.Tensor | None = None, reduction: str = "mean"
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """idx, targets: (B, T) token ids. Without targets: logits (B, T, V) and None. With targets: None and the
-        cross-entropy (``reduction`` mean or sum over targets other than -100), computed chunk by chunk
+        cross-entropy (``reduction`` mean or sum over targets other than ``IGNORE_INDEX``), computed chunk by chunk
         without the logits (resnorm_lm/model/loss.py)."""
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
         pos = torch.arange(T, device=idx.device)  # (T,)
         x = self.drop(self.embedding_norm(self.embed_scale(self.wte(idx) + self.wpe(pos))))  # (B, T, C)
-        stream = self.placement_cls.embed(x)
+        stream = self.placement.embed(x)
         for block in self.blocks:
             stream = block(stream)
         h = self.readout(stream)  # (B, T, C)
@@ -195,13 +232,14 @@ class GPT(nn.Module):
         return None, linear_cross_entropy(h.flatten(0, 1), self.lm_head.weight, targets.flatten(), reduction)
 
     def flops_per_token(self, context: int | None = None) -> int:
-        """Training FLOPs per token at ``context`` (default block_size): 6N + 12 L C T (PaLM, appendix B)."""
+        """Training FLOPs per token at ``context`` (default block_size): 6N + 12 L C T (PaLM: Chowdhery et al. 2022,
+        arXiv 2204.02311, appendix B). The project's one FLOPs formula: the Trainer and the benchmarks use it."""
         cfg = self.config
         return 6 * self.num_parameters() + 12 * cfg.n_layer * cfg.n_embd * (context or cfg.block_size)
 
     def num_parameters(self, non_embedding: bool = True) -> int:
         """Parameters counted once (the tied head is not counted twice); without position embeddings by default."""
-        n = sum(p.numel() for p in self.parameters())
+        n = count_parameters(self)
         return n - self.wpe.weight.numel() if non_embedding else n
 
 

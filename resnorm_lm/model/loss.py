@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-IGNORE_INDEX = -100  # a target that counts for nothing: the padding of the last evaluation window
+from resnorm_lm.targets import IGNORE_INDEX
+
 CHUNK_ELEMENTS = 1 << 20  # logits per chunk on a CPU: 4 MiB of fp32, about a core's L2 (rows = this // V, >= 1)
 GPU_CHUNK_ELEMENTS = 1 << 27  # elsewhere 512 MiB of fp32: a few large chunks, not thousands of small launches
 

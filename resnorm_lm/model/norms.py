@@ -1,9 +1,10 @@
 """Normalization layers, chosen by name, each offering the Add & Norm primitive.
 
 Every norm maps (..., d) -> (..., d) over the last dimension and offers
-``add_norm(x, d) -> (norm(x + d), x + d)``: the residual add followed by the
-norm. The torch backend does it in two ops; a fused backend does it in one
-kernel. Placements are written against this primitive only.
+``x, h = add_norm(x, d)``, the residual add followed by the norm, in the order
+of its formula: ``x = x + d;  h = norm(x)``. The torch backend does it in two
+ops; a fused backend does it in one kernel. Placements are written against this
+primitive only.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -22,10 +24,23 @@ NORMS: Registry[type[Norm]] = Registry("norm")
 NORM_BACKENDS: Registry[type[NormBackend]] = Registry("norm backend")
 
 
+class AddNorm(NamedTuple):
+    """``add_norm(x, d)``'s result, in the order of its formula: ``x = x + d``, then ``h = norm(x)``."""
+
+    stream: torch.Tensor  # x + d (..., C): the residual stream after the add
+    normed: torch.Tensor  # norm(x + d) (..., C)
+
+
 class Norm(nn.Module):
-    """Base class: ``forward(x)`` normalizes; ``add_norm`` fuses the residual add."""
+    """Base class: ``forward(x)`` normalizes; ``add_norm`` fuses the residual add.
+
+    Every norm takes ``eps`` and ``bias`` (one constructor for all); a norm without an epsilon or a bias ignores
+    them, and says so in ``has_eps`` (``GPTConfig`` refuses a ``norm_eps`` such a norm would ignore) and in its
+    docstring (``bias`` still sets the Linear layers' biases).
+    """
 
     needs_roles = False  # True: its init depends on what the norm feeds (``for_role``); the placement must say
+    has_eps = True  # False: eps is not in its formula
 
     @classmethod
     def for_role(cls, role: str | None, dim: int, *, eps: float = 1e-5, bias: bool = True) -> Norm:
@@ -46,10 +61,10 @@ class Norm(nn.Module):
         self.dim = dim
         self.eps = eps
 
-    def add_norm(self, x: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return ``(norm(x + d), x + d)``; x is the residual stream, d a sublayer output."""
-        s = x + d  # (B, T, C)
-        return self(s), s
+    def add_norm(self, x: torch.Tensor, d: torch.Tensor) -> AddNorm:
+        """``x + d`` and ``norm(x + d)``; x is the residual stream, d a sublayer output (B, T, C) each."""
+        x = x + d  # (B, T, C)
+        return AddNorm(x, self(x))
 
     def extra_repr(self) -> str:
         return f"{self.dim}, eps={self.eps}"
@@ -57,7 +72,7 @@ class Norm(nn.Module):
 
 @NORMS.register("layernorm")
 class LayerNorm(Norm):
-    """``gamma * (x - mean) / sqrt(var + eps) + beta`` with the biased variance (Ba et al. 2016)."""
+    """``gamma * (x - mean) / sqrt(var + eps) + beta`` with the biased variance (Ba et al. 2016, arXiv 1607.06450)."""
 
     def __init__(self, dim: int, eps: float = 1e-5, bias: bool = True) -> None:
         super().__init__(dim, eps, bias)
@@ -70,7 +85,8 @@ class LayerNorm(Norm):
 
 @NORMS.register("rmsnorm")
 class RMSNorm(Norm):
-    """``gamma * x / sqrt(mean(x^2) + eps)`` (Zhang & Sennrich 2019). Never has a bias."""
+    """``gamma * x / sqrt(mean(x^2) + eps)`` (Zhang & Sennrich 2019, arXiv 1910.07467). Never has a bias: ``bias``
+    sets only the Linear layers'."""
 
     def __init__(self, dim: int, eps: float = 1e-5, bias: bool = True) -> None:
         super().__init__(dim, eps, bias)
@@ -82,7 +98,8 @@ class RMSNorm(Norm):
 
 @NORMS.register("scalenorm")
 class ScaleNorm(Norm):
-    """``g * x / max(||x||, eps)`` with one learnable scalar g, init sqrt(d) (Nguyen & Salazar 2019)."""
+    """``g * x / max(||x||, eps)`` with one learnable scalar g, init sqrt(d) (Nguyen & Salazar 2019, arXiv
+    1910.05895). Never has a bias: ``bias`` sets only the Linear layers'."""
 
     def __init__(self, dim: int, eps: float = 1e-5, bias: bool = True) -> None:
         super().__init__(dim, eps, bias)
@@ -95,7 +112,10 @@ class ScaleNorm(Norm):
 
 @NORMS.register("dyt")
 class DynamicTanh(Norm):
-    """DyT ``gamma * tanh(alpha * x) + beta``, scalar alpha init 0.5 (Zhu et al. 2025)."""
+    """DyT ``gamma * tanh(alpha * x) + beta``, scalar alpha init 0.5 (Zhu et al. 2025, arXiv 2503.10622). No
+    statistics, so no eps."""
+
+    has_eps = False
 
     def __init__(self, dim: int, eps: float = 1e-5, bias: bool = True, alpha_init: float = 0.5) -> None:
         super().__init__(dim, eps, bias)
@@ -114,7 +134,8 @@ class DynamicTanh(Norm):
 class DynamicTanhLLM(DynamicTanh):
     """DyT as its authors train LLaMA (jiachenzhu/DyT, ``other_tasks/LLaMA``): ``gamma * tanh(alpha * x)``, no
     bias; alpha init 0.8 in the norms before attention and 0.2 before the MLP and at the end (their LLaMA-2 7B
-    setting, the smallest they publish); and a learnable scalar on the embeddings, init sqrt(d)."""
+    setting, the smallest they publish); and a learnable scalar on the embeddings, init sqrt(d). ``bias`` sets only
+    the Linear layers'."""
 
     needs_roles = True
     ALPHA_INIT = {"attention": 0.8, "mlp": 0.2, "final": 0.2}  # by the sublayer the norm feeds
@@ -142,6 +163,7 @@ class DynamicTanhLayerNormReadout(DynamicTanh):
     saturates, and no gradient reaches the blocks through it (docs/results.md, "The norms at 12 layers")."""
 
     needs_roles = True
+    has_eps = True  # its readout's LayerNorm
 
     @classmethod
     def for_role(cls, role: str | None, dim: int, *, eps: float = 1e-5, bias: bool = True) -> Norm:
@@ -164,6 +186,8 @@ class LearnedScalar(nn.Module):
 @NORMS.register("none")
 class NoNorm(Norm):
     """The identity: a placement's norms switched off (its add stays)."""
+
+    has_eps = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from resnorm_lm.model.kernels import add_norm_ops as kernels
-from resnorm_lm.model.norms import LayerNorm, RMSNorm
+from resnorm_lm.model.norms import AddNorm, LayerNorm, RMSNorm
 
 
 class TritonLayerNorm(LayerNorm):
@@ -20,8 +20,9 @@ class TritonLayerNorm(LayerNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return kernels.norm(x, self.weight, self.bias, self.eps, False)
 
-    def add_norm(self, x: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return kernels.add_norm(x, d, self.weight, self.bias, self.eps, False)
+    def add_norm(self, x: torch.Tensor, d: torch.Tensor) -> AddNorm:
+        normed, stream = kernels.add_norm(x, d, self.weight, self.bias, self.eps, False)
+        return AddNorm(stream, normed)
 
 
 class TritonRMSNorm(RMSNorm):
@@ -30,8 +31,9 @@ class TritonRMSNorm(RMSNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return kernels.norm(x, self.weight, None, self.eps, True)
 
-    def add_norm(self, x: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return kernels.add_norm(x, d, self.weight, None, self.eps, True)
+    def add_norm(self, x: torch.Tensor, d: torch.Tensor) -> AddNorm:
+        normed, stream = kernels.add_norm(x, d, self.weight, None, self.eps, True)
+        return AddNorm(stream, normed)
 
 
 TRITON_NORMS = {"layernorm": TritonLayerNorm, "rmsnorm": TritonRMSNorm}

@@ -1,109 +1,49 @@
-"""Residual / normalization placements: where the norm sits around each sublayer.
+"""The residual / normalization placements, by name: where the norm sits around each sublayer.
 
 A placement is the residual wiring of one transformer block (two sublayers:
 attention, then MLP). It owns its norms and learnable scalars, says how the
 residual stream starts (``embed``) and how it is read out before the LM head
-(``build_readout``), and may define its own weight init (``init_sublayers``).
-``Block`` and ``GPT`` never change when a placement is added: write one class
-here and register it. Formulas follow ../shared/REFERENCES.md; ``F`` is a
-sublayer, ``LN`` the configured norm, ``N`` the number of blocks.
+(``build_readout``), and may define its own weight init (``init_sublayers``):
+``placement_base.py`` holds what every placement offers. ``Block`` and ``GPT``
+never change when a placement is added: write one class here and register it.
+Each class gives its formula, a diagram and the paper it follows (authors,
+year, arXiv id); ``F`` is a sublayer, ``LN`` the configured norm, ``N`` the
+number of blocks.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from resnorm_lm.model.init import InitRule
 from resnorm_lm.model.norms import Norm
+from resnorm_lm.model.placement_base import (
+    BlockContext,
+    FinalOutputIsNormed,
+    Placement,
+    Stream,
+    Sublayer,
+    SublayerPlacement,
+)
 from resnorm_lm.registry import Registry
 
 PLACEMENTS: Registry[type[Placement]] = Registry("placement")
 
-Sublayer = Callable[[torch.Tensor], torch.Tensor]  # (B, T, C) -> (B, T, C)
-# The residual stream between blocks: one tensor, or (post-norm stream, dual stream) for ResiDual.
-Stream = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
-
-
-@dataclass(frozen=True)
-class BlockContext:
-    """What a placement needs to know about the block it wires."""
-
-    layer: int  # 0-based block index
-    n_layer: int  # N, the number of blocks
-    make_norm: Callable[..., Norm]  # a fresh norm of the configured kind and backend; role= what it feeds
-
-
-class Placement(nn.Module):
-    """Base class. Subclasses implement ``forward(stream, sublayers) -> stream``."""
-
-    names_norm_roles = False  # True: each norm is built with the role it feeds (see ``Norm.for_role``)
-
-    def __init__(self, ctx: BlockContext) -> None:
-        super().__init__()
-        self.layer = ctx.layer
-        self.n_layer = ctx.n_layer
-
-    @staticmethod
-    def embed(x: torch.Tensor) -> Stream:
-        """The residual stream entering block 0, from the embeddings x (B, T, C)."""
-        return x
-
-    @staticmethod
-    def residual(stream: Stream) -> torch.Tensor:
-        """The tensor (B, T, C) whose growth with depth is measured (the residual stream's RMS): the stream."""
-        return stream
-
-    @classmethod
-    def build_embedding_norm(cls, make_norm: Callable[[], Norm]) -> nn.Module:
-        """Applied to the embeddings (B, T, C) before ``embed``: nothing, unless the placement's paper norms them."""
-        return nn.Identity()
-
-    @classmethod
-    def build_readout(cls, make_norm: Callable[[], Norm]) -> nn.Module:
-        """Maps the stream leaving the last block to the LM head's input (B, T, C)."""
-        return make_norm(role="final")  # a final norm, as in GPT-2; post-norm placements override
-
-    def init_sublayers(self, attn: nn.Module, mlp: nn.Module, init: InitRule) -> None:
-        """After ``init`` set every weight: the init's own depth rule (GPT-2's: the residual output projections
-        at std 0.02 / sqrt(2N)); a placement with a rule of its own from its paper overrides this."""
-        init.scale_branch_outputs(attn, mlp, self.n_layer)
-
-
-class FinalOutputIsNormed:
-    """Mixin for placements whose stream is already normalized: no final norm."""
-
-    @classmethod
-    def build_readout(cls, make_norm: Callable[[], Norm]) -> nn.Module:
-        return nn.Identity()
-
-
-class SublayerPlacement(Placement):
-    """A placement whose formula is the same for each sublayer: ``x = step(x, F, i)``."""
-
-    def forward(self, stream: torch.Tensor, sublayers: Sequence[Sublayer]) -> torch.Tensor:
-        for i, f in enumerate(sublayers):
-            stream = self.step(stream, f, i)
-        return stream
-
-    def step(self, x: torch.Tensor, f: Sublayer, i: int) -> torch.Tensor:
-        raise NotImplementedError
-
 
 @PLACEMENTS.register("postnorm")
 class PostNorm(FinalOutputIsNormed, SublayerPlacement):
-    """Post-LN, the original "Add & Norm" (Vaswani et al. 2017)::
+    """Post-LN, the original "Add & Norm" (Vaswani et al. 2017, arXiv 1706.03762)::
 
         x = LN(x + F(x))
 
         x ──┬──> F ──(+)──> LN ──>
             └────────┘
 
-    No final norm: the stream is already normalized. Needs LR warmup (Xiong et al. 2020).
+    No final norm: the stream is already normalized. Needs LR warmup (Xiong et al. 2020, arXiv 2002.04745).
     """
 
     def __init__(self, ctx: BlockContext) -> None:
@@ -111,13 +51,12 @@ class PostNorm(FinalOutputIsNormed, SublayerPlacement):
         self.norms = nn.ModuleList([ctx.make_norm(), ctx.make_norm()])
 
     def step(self, x: torch.Tensor, f: Sublayer, i: int) -> torch.Tensor:
-        y, _ = self.norms[i].add_norm(x, f(x))
-        return y
+        return self.norms[i].add_norm(x, f(x)).normed
 
 
 @PLACEMENTS.register("prenorm")
 class PreNorm(Placement):
-    """Pre-LN, as in GPT-2 (Xiong et al. 2020)::
+    """Pre-LN, as in GPT-2 (Radford et al. 2019; analysed by Xiong et al. 2020, arXiv 2002.04745)::
 
         x = x + F(LN(x))
 
@@ -136,13 +75,13 @@ class PreNorm(Placement):
     def forward(self, x: torch.Tensor, sublayers: Sequence[Sublayer]) -> torch.Tensor:
         attn, mlp = sublayers
         a = attn(self.norms[0](x))
-        h, x = self.norms[1].add_norm(x, a)  # LN_1(x + a) and x + a: one fused pass on the triton backend
+        x, h = self.norms[1].add_norm(x, a)  # x = x + a;  h = LN_1(x): one fused pass on the triton backend
         return x + mlp(h)
 
 
 @PLACEMENTS.register("sandwich")
 class Sandwich(Placement):
-    """Sandwich / Peri-LN (CogView 2021; arXiv 2502.02732)::
+    """Sandwich (CogView: Ding et al. 2021, arXiv 2105.13290), or Peri-LN (Kim et al. 2025, arXiv 2502.02732)::
 
         x = x + LN_out(F(LN_in(x)))
 
@@ -160,7 +99,7 @@ class Sandwich(Placement):
     def forward(self, x: torch.Tensor, sublayers: Sequence[Sublayer]) -> torch.Tensor:
         attn, mlp = sublayers
         a = self.norms_out[0](attn(self.norms_in[0](x)))
-        h, x = self.norms_in[1].add_norm(x, a)  # the add and the next input norm, fused
+        x, h = self.norms_in[1].add_norm(x, a)  # x = x + a;  h = LN_in(x), fused
         return x + self.norms_out[1](mlp(h))
 
 
@@ -183,7 +122,7 @@ class PeriLN(Sandwich):
 
 @PLACEMENTS.register("deepnorm")
 class DeepNorm(FinalOutputIsNormed, SublayerPlacement):
-    """DeepNorm (DeepNet, arXiv 2203.00555), decoder-only constants::
+    """DeepNorm (DeepNet: Wang et al. 2022, arXiv 2203.00555), decoder-only constants::
 
         x = LN(alpha * x + F(x)),   alpha = (2N)^(1/4)
 
@@ -211,8 +150,7 @@ class DeepNorm(FinalOutputIsNormed, SublayerPlacement):
         return (8 * n_layer) ** -0.25
 
     def step(self, x: torch.Tensor, f: Sublayer, i: int) -> torch.Tensor:
-        y, _ = self.norms[i].add_norm(self.alpha * x, f(x))
-        return y
+        return self.norms[i].add_norm(self.alpha * x, f(x)).normed
 
     def init_sublayers(self, attn: nn.Module, mlp: nn.Module, init: InitRule) -> None:
         with torch.no_grad():
@@ -226,22 +164,28 @@ class DeepNorm(FinalOutputIsNormed, SublayerPlacement):
 
 
 @PLACEMENTS.register("rezero")
-class ReZero(FinalOutputIsNormed, SublayerPlacement):
-    """ReZero (arXiv 2003.04887): no norm at all, a zero-initialised gate per sublayer::
+class ReZero(SublayerPlacement):
+    """ReZero (Bachlechner et al. 2020, arXiv 2003.04887): no norm at all, a zero-initialised gate per sublayer::
 
         x = x + a * F(x),   a = 0 at init
 
         x ──┬──> F ──> * a ──(+)──>
             └─────────────────┘
 
-    At init every block is the identity. No final norm (no norm anywhere).
+    At init every block is the identity. No final norm either: the stream is not normalized, there is no norm
+    anywhere, and the config's norm settings are refused (``has_norms``).
     """
 
+    has_norms = False
     n_gates = 2  # one scalar a per sublayer
 
     def __init__(self, ctx: BlockContext) -> None:
         super().__init__(ctx)
         self.gates = nn.Parameter(torch.zeros(self.n_gates))
+
+    @classmethod
+    def build_readout(cls, make_norm: Callable[[], Norm]) -> nn.Module:
+        return nn.Identity()
 
     def step(self, x: torch.Tensor, f: Sublayer, i: int) -> torch.Tensor:
         return x + self.gates[i % self.n_gates] * f(x)
@@ -263,7 +207,7 @@ class ReZeroShared(ReZero):
 
 @PLACEMENTS.register("mixln")
 class MixLN(Placement):
-    """Mix-LN (arXiv 2412.13795): post-norm in the first blocks, pre-norm after::
+    """Mix-LN (Li et al. 2024, arXiv 2412.13795): post-norm in the first blocks, pre-norm after::
 
         block l < floor(r * N):  x = LN(x + F(x))      (PostNorm)
         block l >= floor(r * N): x = x + F(LN(x))      (PreNorm)
@@ -288,7 +232,7 @@ class MixLN(Placement):
 
 @PLACEMENTS.register("lns")
 class LayerNormScaling(Placement):
-    """LayerNorm Scaling (arXiv 2502.05795): pre-norm with the norm output scaled by depth::
+    """LayerNorm Scaling (Sun et al. 2025, arXiv 2502.05795): pre-norm with the norm output scaled by depth::
 
         x = x + F(LN(x) / sqrt(l)),   l = 1-based block index
 
@@ -306,7 +250,7 @@ class LayerNormScaling(Placement):
     def forward(self, x: torch.Tensor, sublayers: Sequence[Sublayer]) -> torch.Tensor:
         attn, mlp = sublayers
         a = attn(self.norms[0](x) * self.scale)
-        h, x = self.norms[1].add_norm(x, a)  # the add and the next input norm, fused
+        x, h = self.norms[1].add_norm(x, a)  # x = x + a;  h = LN_1(x), fused
         return x + mlp(h * self.scale)
 
     def init_sublayers(self, attn: nn.Module, mlp: nn.Module, init: InitRule) -> None:
@@ -315,7 +259,8 @@ class LayerNormScaling(Placement):
 
 @PLACEMENTS.register("b2t")
 class BottomToTop(FinalOutputIsNormed, Placement):
-    """B2T connection (arXiv 2206.00330): post-norm plus a skip from the block input to the last LN::
+    """B2T connection (Takase et al. 2022, arXiv 2206.00330): post-norm plus a skip from the block input to the
+    last LN::
 
         h  = LN_1(x + Attn(x))
         x' = LN_2(h + FFN(h) + x)
@@ -333,9 +278,8 @@ class BottomToTop(FinalOutputIsNormed, Placement):
 
     def forward(self, x: torch.Tensor, sublayers: Sequence[Sublayer]) -> torch.Tensor:
         attn, mlp = sublayers
-        h, _ = self.norms[0].add_norm(x, attn(x))
-        y, _ = self.norms[1].add_norm(h, mlp(h) + x)
-        return y
+        h = self.norms[0].add_norm(x, attn(x)).normed  # LN_1(x + Attn(x))
+        return self.norms[1].add_norm(h, mlp(h) + x).normed  # LN_2(h + FFN(h) + x)
 
 
 class ResiDualReadout(nn.Module):
@@ -352,7 +296,7 @@ class ResiDualReadout(nn.Module):
 
 @PLACEMENTS.register("resi_dual")
 class ResiDual(Placement):
-    """ResiDual (arXiv 2304.14802): a post-norm stream x and an un-normed dual stream d::
+    """ResiDual (Xie et al. 2023, arXiv 2304.14802): a post-norm stream x and an un-normed dual stream d::
 
         o  = F(x)
         x' = LN(x + o)        (post-norm stream)
@@ -387,7 +331,7 @@ class ResiDual(Placement):
         x, d = stream
         for norm, f in zip(self.norms, sublayers):
             o = f(x)  # (B, T, C)
-            x, _ = norm.add_norm(x, o)
+            x = norm.add_norm(x, o).normed  # LN(x + o)
             d = d + o
         return x, d
 
@@ -416,7 +360,7 @@ class NoResidual(FinalOutputIsNormed, SublayerPlacement):
 
         x ──> F ──> LN ──>
 
-    Shows the degradation problem (He et al. 2016): expected to train badly at depth.
+    Shows the degradation problem (He et al. 2016, arXiv 1512.03385): expected to train badly at depth.
     """
 
     def __init__(self, ctx: BlockContext) -> None:

@@ -4,8 +4,11 @@
     lightning_module.py  LanguageModel, the GPT as a LightningModule
     trainer.py, optim.py, precision.py       the Trainer, AdamW groups and schedule, ``precision: auto``
     recipes.py, runs.py, resume.py           recipe/profile files, run directories and manifests, resume rules
-    checkpoints.py, checkpoint_files.py      loading runs and reading checkpoints (weights only)
-    faults.py, device_verdicts.py            atomic checkpoints, SIGTERM, the divergence guard (host and device)
+    loaded_run.py                            a trained run loaded back (model, data, where it came from)
+    checkpoint_io.py                         checkpoint files: read as data (weights only), written atomically
+    checkpoint_callbacks.py, preemption.py   periodic and final checkpoints at good states; saving on SIGTERM
+    divergence.py, divergence_on_device.py   the divergence guard, on the host and on the device
+    step_boundary.py                         where an optimizer step ends under gradient accumulation
     config_checks.py                         numeric, hardware and memory checks before any work
     monitors.py, logging.py, diagnostics.py  throughput, the CSV logger, per-layer gradient norms
     summary.py                               the end-of-run evaluation, RESULT line and sample

@@ -17,21 +17,18 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_only
 
+from resnorm_lm.data.cache import remove_temp_files
 from resnorm_lm.data.datamodule import TextDataModule
-from resnorm_lm.train.checkpoints import data_differences
+from resnorm_lm.train.checkpoint_callbacks import FinalCheckpoint, GoodStateCheckpoint
+from resnorm_lm.train.checkpoint_io import AtomicCheckpointIO
 from resnorm_lm.train.config_checks import check_hardware, check_memory, check_trainer_numbers
 from resnorm_lm.train.cpu_attention import use_for_run
-from resnorm_lm.train.faults import (
-    AtomicCheckpointIO,
-    FinalCheckpoint,
-    GoodStateCheckpoint,
-    PreemptOnSigterm,
-    remove_stale_temp_files,
-)
 from resnorm_lm.train.lightning_module import LanguageModel
+from resnorm_lm.train.loaded_run import data_differences
 from resnorm_lm.train.logging import ContinuedCSVLogger
 from resnorm_lm.train.monitors import SparseThroughputMonitor
 from resnorm_lm.train.precision import PrecisionChoice, PrecisionError, resolve_precision, uses_cuda
+from resnorm_lm.train.preemption import PreemptOnSigterm
 from resnorm_lm.train.resume import CheckpointFacts, ResumeRequest, check_resume
 from resnorm_lm.train.runs import RunConfig, RunDir, RunManifest, StopAfterSteps, run_directory
 from resnorm_lm.train.trainer import Trainer
@@ -129,7 +126,7 @@ class ResnormCLI(LightningCLI):
                         "Resume with the same data, or start a new run"
                     )
             check_writable(self.run_dir)
-            for stale in remove_stale_temp_files(RunDir(self.run_dir).checkpoints_dir):
+            for stale in remove_temp_files(RunDir(self.run_dir).checkpoints_dir):
                 print(f"resnorm-lm: removed {stale.name}, a checkpoint write that was killed midway", file=sys.stderr)
 
     def _resolve_resume(self, ckpt_path: str | None) -> str | None:

@@ -13,13 +13,14 @@ import torch
 from torchmetrics import Metric
 
 from resnorm_lm.model.gpt import GPT, GPTConfig
-from resnorm_lm.model.loss import IGNORE_INDEX
+from resnorm_lm.targets import IGNORE_INDEX
 from resnorm_lm.train.clipping import ClipRecord
-from resnorm_lm.train.device_verdicts import DeviceVerdicts, ReadVerdicts
 from resnorm_lm.train.diagnostics import StreamRMS, grad_norms
-from resnorm_lm.train.faults import DivergenceConfig, DivergenceGuard, LossWindow
+from resnorm_lm.train.divergence import DivergenceConfig, DivergenceGuard, LossWindow
+from resnorm_lm.train.divergence_on_device import DeviceVerdicts, ReadVerdicts
 from resnorm_lm.train.optim import OptimConfig, build_optimizer
 from resnorm_lm.train.resume import arch_differences
+from resnorm_lm.train.step_boundary import ends_optimizer_step
 
 
 class SplitMetric(Metric):
@@ -91,7 +92,7 @@ class LanguageModel(L.LightningModule):
             block, every ``log_every_n_steps``.
         divergence: when a step's loss counts as diverged (NaN/Inf, or a factor above its running minimum),
             whether a bad step stops the run or is skipped, and where it is judged (host, or on the
-            device with the fused optimizer skipping it there: resnorm_lm/train/device_verdicts.py). A step
+            device with the fused optimizer skipping it there: resnorm_lm/train/divergence_on_device.py). A step
             is judged whole (all its micro-batches) and for all DDP ranks at once.
         compile: torch.compile the GPT in place (``nn.Module.compile``: state-dict keys unchanged, so
             checkpoints stay interchangeable). Opt-in: see docs/benchmarks.md for its effect here.
@@ -138,7 +139,7 @@ class LanguageModel(L.LightningModule):
         self.stream_rms.active = False
         self.losses.add(loss)
         # never None (Lightning refuses that under DDP): a bad step is skipped whole at its optimizer step
-        if not self.trainer.fit_loop._should_accumulate():  # Lightning's own test: it steps after this micro-batch
+        if ends_optimizer_step(self.trainer, batch_idx):
             self._judge_step()  # before the last backward, so a host verdict waits for this forward pass only
         self.log("train/loss", loss, on_step=True, prog_bar=True)
         return loss
@@ -158,8 +159,11 @@ class LanguageModel(L.LightningModule):
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Gradient norms before clipping; then a bad step is skipped whole, on every rank alike."""
-        if self.losses.summary is not None:  # only if Lightning's _should_accumulate() stopped meaning what it says
-            raise RuntimeError("an optimizer step whose last micro-batch was not judged by the divergence guard")
+        if self.losses.summary is not None:  # only if ends_optimizer_step stopped agreeing with Lightning's rule
+            raise RuntimeError(
+                "an optimizer step whose last micro-batch was not judged by the divergence guard: "
+                "resnorm_lm/train/step_boundary.py no longer agrees with this Lightning version's accumulation"
+            )
         self._log_grad_norms()
         if self.verdicts is not None:
             optimizer.found_inf = self.verdicts.take_mask()  # 1: the fused step leaves every state as it was
@@ -236,8 +240,8 @@ class LanguageModel(L.LightningModule):
 
     @property
     def flops_per_batch(self) -> int | None:
-        """Training FLOPs of one batch, 6N + 12 L C T per token (PaLM, appendix B), for ThroughputMonitor."""
-        batch = getattr(self.trainer.datamodule, "batch_size", None) if self._trainer else None
+        """Training FLOPs of one batch (``GPT.flops_per_token`` x its tokens), for ThroughputMonitor."""
+        batch = getattr(self._datamodule(), "batch_size", None)
         if batch is None:
             return None
         return self.model.flops_per_token() * batch * self.arch.block_size
@@ -299,6 +303,13 @@ class LanguageModel(L.LightningModule):
 
     # ------------------------------------------------------------------ checkpoints
 
+    def _datamodule(self) -> L.LightningDataModule | None:
+        """The trainer's data module; None without a trainer, or with a bare Trainer given loaders only."""
+        try:
+            return self.trainer.datamodule
+        except RuntimeError:  # not attached to a Trainer
+            return None
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Add what Lightning does not save: RNG states, and the data identity for resume checks."""
         checkpoint["train_seconds"] = self.train_seconds()
@@ -315,8 +326,7 @@ class LanguageModel(L.LightningModule):
             "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         }
-        dm = self.trainer.datamodule if self._trainer else None
-        manifest = getattr(dm, "manifest", None) if dm is not None else None
+        manifest = getattr(self._datamodule(), "manifest", None)
         if manifest is not None:
             checkpoint["data_identity"] = data_identity(manifest)
 
@@ -331,8 +341,7 @@ class LanguageModel(L.LightningModule):
                 f"the checkpoint was trained with a different architecture ({details}); "
                 "resume with the recipe and profile it was trained with, or start a new run"
             )
-        dm = self.trainer.datamodule if self._trainer else None
-        manifest = getattr(dm, "manifest", None) if dm is not None else None
+        manifest = getattr(self._datamodule(), "manifest", None)
         if manifest is not None and "data_identity" in checkpoint:
             differences = identity_differences(checkpoint["data_identity"], data_identity(manifest))
             if differences:
@@ -356,7 +365,7 @@ class LanguageModel(L.LightningModule):
 
 
 def numpy_rng_state() -> dict:
-    """numpy's global RNG state as tensors and ints, loadable as data (resnorm_lm/train/checkpoint_files.py)."""
+    """numpy's global RNG state as tensors and ints, loadable as data (resnorm_lm/train/checkpoint_io.py)."""
     name, keys, pos, has_gauss, cached = np.random.get_state()
     return {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
             "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}  # fmt: skip

@@ -33,10 +33,9 @@ class ContinuedCSVLogger(CSVLogger):
 
     @property
     def experiment(self):
-        fresh = self._experiment is None
         writer = super().experiment
         # rank 0 only: other ranks get Lightning's dummy experiment, which has every attribute (as a no-op)
-        if fresh and self._previous_rows and isinstance(writer, ExperimentWriter):
+        if self._previous_rows and isinstance(writer, ExperimentWriter):  # the first time the writer is asked for
             writer.metrics[:0] = self._previous_rows  # written before any new row, on the first save
             self._previous_rows = []
         return writer

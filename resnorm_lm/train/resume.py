@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from resnorm_lm.model.gpt import GPTConfig
-from resnorm_lm.train.checkpoint_files import CheckpointFileError, read_checkpoint_file
+from resnorm_lm.train.checkpoint_io import CheckpointFileError, read_checkpoint_file
 from resnorm_lm.train.optim import OptimConfig
 
 DATA_KEYS = ("corpus", "vocab_size", "max_chars", "dtype")  # what the prepared data is (content: fingerprints)

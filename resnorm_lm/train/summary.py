@@ -9,7 +9,7 @@ import lightning as L
 import torch
 
 from resnorm_lm.data.cache import write_json_atomic
-from resnorm_lm.model.generate import stream_text
+from resnorm_lm.model.decoding import stream_text
 from resnorm_lm.model.gpt import count_parameters
 from resnorm_lm.train.runs import RunConfig, RunDir, result_line, tokens_seen
 

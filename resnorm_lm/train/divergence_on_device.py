@@ -32,7 +32,7 @@ from typing import Any
 import lightning as L
 import torch
 
-from resnorm_lm.train.faults import DivergenceGuard, LossWindow
+from resnorm_lm.train.divergence import DivergenceGuard, LossWindow
 
 
 class DeviceVerdicts:

@@ -12,7 +12,7 @@ from resnorm_lm.data.datamodule import TextDataModule
 from resnorm_lm.data.errors import CorpusChangedError, DataError
 from resnorm_lm.model.gpt import GPTConfig
 from resnorm_lm.model.norms import NORM_BACKENDS
-from resnorm_lm.train.checkpoint_files import CheckpointFileError, read_checkpoint_file
+from resnorm_lm.train.checkpoint_io import CheckpointFileError, read_checkpoint_file
 from resnorm_lm.train.lightning_module import LanguageModel, data_identity, identity_differences
 from resnorm_lm.train.optim import OptimConfig
 from resnorm_lm.train.runs import RunDir

@@ -1,0 +1,112 @@
+"""Preemption: on SIGTERM, save last.ckpt at the end of the current optimizer step and leave at once."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+
+from resnorm_lm.train.step_boundary import StepBoundary
+
+
+class Preempted(Exception):  # noqa: N818 (a request, not an error)
+    """Raised once a SIGTERM's checkpoint and summary are written: the process exits 143 without more work."""
+
+
+class PreemptOnSigterm(StepBoundary):
+    """On SIGTERM (SLURM and most schedulers send it before SIGKILL), save last.ckpt and leave at once.
+
+    The signal only sets a flag. At the end of the current optimizer step (with
+    gradient accumulation: after the last micro-batch of the current window, whose
+    gradients no checkpoint could hold), or after the current batch of a validation
+    pass that follows a finished step, the callback writes last.ckpt atomically,
+    calls ``on_preempted`` (which records the run as preempted and prints its
+    RESULT line) and raises ``Preempted``: no end-of-run evaluation, no sample,
+    so the process ends within one step plus one checkpoint write. A second
+    SIGTERM or a SIGINT meanwhile exits at once; the checkpoint being written
+    stays atomic (its temp file is removed at the next start). Under DDP the
+    flag is shared across ranks every ``ddp_check_every`` optimizer steps (a
+    collective and a host sync, so not at every step), at the same micro-batch
+    on every rank, and all ranks stop at the same step.
+    """
+
+    def __init__(
+        self, checkpoint_path: Path, on_preempted: Callable[[], None] = lambda: None, ddp_check_every: int = 10
+    ) -> None:
+        self.checkpoint_path = checkpoint_path
+        self.on_preempted = on_preempted
+        self.ddp_check_every = max(1, ddp_check_every)
+        self.requested = False
+        self.saved_at_step: int | None = None
+        # whether the last training micro-batch ended its optimizer step; a run starts (or resumes) at a step
+        self.at_step_boundary = True
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # after Lightning registers its own handler (which would stop mid-validation without saving)
+        signal.signal(signal.SIGTERM, self._on_signal)
+
+    def _on_signal(self, signum, frame) -> None:
+        if self.requested:  # asked twice: the user or scheduler wants out now
+            os._exit(128 + signum)
+        self.requested = True
+        signal.signal(signal.SIGINT, self._on_signal)
+
+    def _requested_on_any_rank(self, trainer: L.Trainer, count: int) -> bool:
+        """``count`` (a step or batch index, the same on every rank) says when the ranks compare flags."""
+        if trainer.world_size > 1:
+            if count % self.ddp_check_every:
+                return False
+            return trainer.strategy.reduce_boolean_decision(self.requested, all=False)
+        return self.requested
+
+    def _save(self, trainer: L.Trainer) -> None:
+        trainer.save_checkpoint(self.checkpoint_path, weights_only=False)  # optimizer, loops, callbacks too
+        self.saved_at_step = trainer.global_step
+        if trainer.is_global_zero:
+            print(f"resnorm-lm: SIGTERM: saved {self.checkpoint_path} at step {trainer.global_step}; "
+                  "continue with RESUME=last", flush=True)  # fmt: skip
+
+    def _leave(self) -> None:
+        self.on_preempted()
+        raise Preempted(f"preempted at step {self.saved_at_step}")
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        # mid-window, train on to the window's end (StepBoundary); every rank has the same windows, so the
+        # ranks check at the same counts
+        self.at_step_boundary = self.ended_optimizer_step(trainer)
+        if (
+            self.saved_at_step is None
+            and self.at_step_boundary
+            and self._requested_on_any_rank(trainer, trainer.global_step)
+        ):
+            self._save(trainer)  # leave right after Lightning has logged this step's metrics:
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        if self.saved_at_step is not None:  # at the next batch,
+            self._leave()
+        super().on_train_batch_start(trainer, *args)
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.saved_at_step is not None:  # before a validation pass would start,
+            self._leave()
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.saved_at_step is not None:  # or when that was the last step
+            self._leave()
+
+    def on_validation_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int, *args) -> None:
+        fitting = trainer.state.fn == "fit"
+        # val_check_interval counts micro-batches: a pass in the middle of a window finishes, and the
+        # training micro-batches after it finish the window before saving (on_train_batch_end)
+        if trainer.sanity_checking or (fitting and not self.at_step_boundary):
+            return
+        if not self._requested_on_any_rank(trainer, batch_idx):
+            return
+        if fitting:  # the weights are those of a finished step; after fit, last.ckpt is final
+            self._save(trainer)
+        self.saved_at_step = trainer.global_step
+        self._leave()
