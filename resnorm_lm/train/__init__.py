@@ -12,6 +12,7 @@
     config_checks.py                         numeric, hardware and memory checks before any work
     monitors.py, logging.py, diagnostics.py  throughput, the CSV logger, per-layer gradient norms
     summary.py                               the end-of-run evaluation, RESULT line and sample
+    slurm.py                                 under SLURM: Lightning's environment, the warning signal, requeue, resume
 
 Imports: ``model``, ``data`` and ``resnorm_lm.registry``; nothing from ``analysis`` or ``cli``.
 """

@@ -28,9 +28,9 @@ from resnorm_lm.train.loaded_run import data_differences
 from resnorm_lm.train.logging import ContinuedCSVLogger
 from resnorm_lm.train.monitors import SparseThroughputMonitor
 from resnorm_lm.train.precision import PrecisionChoice, PrecisionError, resolve_precision, uses_cuda
-from resnorm_lm.train.preemption import PreemptOnSigterm
 from resnorm_lm.train.resume import CheckpointFacts, ResumeRequest, check_resume
 from resnorm_lm.train.runs import RunConfig, RunDir, RunManifest, StopAfterSteps, run_directory
+from resnorm_lm.train.slurm import SlurmJob, cluster_plugins, preemption_callback, resume_after_requeue
 from resnorm_lm.train.trainer import Trainer
 
 MIN_FREE_DISK_BYTES = 200 * 2**20  # refuse to start a run with less free space than this
@@ -76,6 +76,7 @@ class ResnormCLI(LightningCLI):
         self.run_config = RunConfig(**vars(cfg.run))
         check_settings(cfg)
         self.run_dir = run_directory(self.run_config, cfg.seed_everything)
+        self.slurm_job = SlurmJob.from_environment()  # None unless this process is a task that srun started
         self.resume_step: int | None = None
         self.resume_precision: str | None = None
         self.resume_facts: CheckpointFacts | None = None
@@ -131,6 +132,7 @@ class ResnormCLI(LightningCLI):
 
     def _resolve_resume(self, ckpt_path: str | None) -> str | None:
         last = RunDir(self.run_dir).last_checkpoint
+        ckpt_path = resume_after_requeue(ckpt_path, last, self.slurm_job)
         if ckpt_path == "last":
             if not last.is_file():
                 raise UsageError(
@@ -205,7 +207,7 @@ class ResnormCLI(LightningCLI):
             callbacks.append(RunManifest(self.run_dir, run, seed, self.precision_choice, self.resume_step,
                                          self.kernel_choices))  # fmt: skip
             last = run_dir.last_checkpoint
-            preempt = PreemptOnSigterm(last, on_preempted=lambda: self._finish(preempted=True))
+            preempt = preemption_callback(self.slurm_job, last, lambda: self._finish(preempted=True))
             callbacks += [preempt, FinalCheckpoint(last, run.checkpoint_every)]
             if run.stop_after_steps is not None:
                 callbacks.append(StopAfterSteps(run.stop_after_steps))
@@ -213,7 +215,7 @@ class ResnormCLI(LightningCLI):
             callbacks=callbacks,
             logger=run_loggers(self.run_dir, self.resume_step),
             default_root_dir=str(self.run_dir),
-            plugins=[AtomicCheckpointIO()],
+            plugins=[AtomicCheckpointIO(), *cluster_plugins(self.slurm_job)],
         )
         strategy = trainer_cfg.get("strategy")
         if strategy == "ddp":
