@@ -12,8 +12,8 @@ goes back after 30 s idle and its disk with it, and a checkpoint is far too larg
   cached measurement, best validation loss first, while time lasts (``compare`` measures only the picks,
   and a later round may pick a run whose checkpoint went with an earlier machine).
 
-A run is finished when its eval.json says so (``"finished": true``), as ``compare`` counts it. Standard library
-only, except ``measure_contributions`` (run in a child process, with torch).
+A run is finished when its eval.json says so (``"finished": true``), as ``compare`` counts it: every run file is
+read through ``RunDir``, the package's one reader of run directories.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ import tarfile
 import time
 from pathlib import Path
 
+from resnorm_lm.train.runs import RunDir
+
 ROOT = Path(__file__).resolve().parents[1]
 SKIPPED_PARTS = {"checkpoints"}  # never carried, never brought back
 PART_BYTES = 32 * 2**20  # uncompressed bytes per tarball part: text compresses 3-6x, so each part stays far
@@ -34,9 +36,10 @@ PART_BYTES = 32 * 2**20  # uncompressed bytes per tarball part: text compresses 
 
 
 def eval_summary(run_dir: Path) -> dict:
+    """The run's eval.json ({} when absent, or half written by a run that was killed)."""
     try:
-        return json.loads((run_dir / "eval.json").read_text())
-    except (OSError, ValueError):
+        return RunDir(run_dir).summary()
+    except ValueError:
         return {}
 
 
@@ -56,9 +59,8 @@ def trained_precision(run_dir: Path) -> str | None:
     recorded = (eval_summary(run_dir).get("eval") or {}).get("trained_precision")
     if recorded:
         return recorded
-    config = run_dir / "config.yaml"
-    found = re.search(r"^\s+precision:\s*(\S+)", config.read_text(), re.M) if config.is_file() else None
-    return found.group(1) if found else None
+    precision = (RunDir(run_dir).config().get("trainer") or {}).get("precision")
+    return None if precision is None else str(precision)
 
 
 def seed_runs(sources: list[Path], profile: str, precision: str) -> tuple[dict[str, Path], list[str]]:
