@@ -25,6 +25,7 @@ WARMUPS ?=
 DEPTHS ?=
 LRS_AT ?=
 JOBS ?= 1
+LAUNCHER ?= local
 
 AVX2_ONLY := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
 NUMERIC_TESTS := tests/test_norms.py tests/test_norm_properties.py tests/test_triton_kernels.py \
@@ -78,8 +79,9 @@ eval: $(STAMP) ## Perplexity table for RUNS="<run dirs or ckpts>"
 	@test -n "$(RUNS)" || { echo 'make eval: give RUNS="runs/<recipe>/<profile>-seed<k> ..." (run directories or .ckpt files)'; exit 2; }
 	$(PY) -m resnorm_lm eval $(RUNS) $(ARGS)
 
-compare: $(STAMP) ## Sweep RECIPES="..." over [LRS] [WARMUPS] [DEPTHS="6 12"] [LRS_AT="48=lr,lr"], pick on val, test at the pick [SEEDS] [JOBS]
-	$(PY) -m resnorm_lm compare --profile $(PROFILE) --seeds $(SEEDS) --jobs $(JOBS) $(if $(RECIPES),--recipes $(RECIPES)) \
+compare: $(STAMP) ## Sweep RECIPES="..." over [LRS] [WARMUPS] [DEPTHS="6 12"] [LRS_AT="48=lr,lr"], pick on val, test at the pick [SEEDS] [JOBS] [LAUNCHER=local|slurm]
+	$(PY) -m resnorm_lm compare --profile $(PROFILE) --seeds $(SEEDS) --jobs $(JOBS) --launcher $(LAUNCHER) \
+		$(if $(RECIPES),--recipes $(RECIPES)) \
 		$(if $(LRS),--lrs $(LRS)) $(if $(WARMUPS),--warmups $(WARMUPS)) $(if $(DEPTHS),--depths $(DEPTHS)) \
 		$(if $(LRS_AT),--lrs-at $(LRS_AT)) $(ARGS)
 

@@ -6,6 +6,8 @@
       sweep.py               the grid, the selection rule, the not-learning flag (decides only)
       sweep_rounds.py        the rounds: the grid, then every seed at the picks until the choice is stable
       sweep_runner.py        training a sweep's runs as ``fit`` subprocesses, and the time estimate
+      sweep_slurm.py         ... or as SLURM jobs (``--launcher slurm``), never two for one run
+      slurm_options.py       what those jobs ask SLURM for: the site's config file, then ``--slurm-*``
       data_settings.py       the data a ``fit`` command resolves to (prepared once before parallel jobs)
       eval_records.py        which evaluations a run's eval.json holds; measuring the missing ones
       tables.py              the rows of compare.csv and grid.csv (reading only)

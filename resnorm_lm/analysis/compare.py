@@ -20,6 +20,11 @@ recipe and setting), lr_sensitivity.png, loss_curves.png and grad_norms.png (at 
 Runs whose validation loss stays within 0.1 nats of the unigram reference are flagged "not learning",
 apart from "diverged".
 
+With ``--launcher slurm`` each run is a SLURM job (``sweep_slurm.py``; its options, from the site's config file
+and ``--slurm-*``, in ``slurm_options.py``): compare submits them, shows their progress, waits and writes the
+same tables. Started again after an interruption, it submits only the runs that are neither finished nor queued
+or running. docs/cluster.md walks through it.
+
 With ``--depths 6 12 24 48`` each (recipe, depth) is its own comparison as above (its own grid, or
 ``--lrs-at DEPTH=LR,...``; its own pick, seeds and edge flag), trained with ``--model.arch.n_layer=N`` in
 runs/<recipe>/<profile>-d<N>-lr<lr>-wu<w>-seed<k>; the recipe's own depth keeps the directories of a sweep
@@ -40,8 +45,10 @@ from resnorm_lm.analysis.eval_records import ensure_picks_tested, unigram_refere
 from resnorm_lm.analysis.evaluate import PRECISIONS, RUN
 from resnorm_lm.analysis.layer_contribution import DEFAULT_TOKENS
 from resnorm_lm.analysis.report import hardware_of, markdown_report, plot_comparison, write_report
+from resnorm_lm.analysis.slurm_options import CONFIG_ENV, SlurmOptions
 from resnorm_lm.analysis.sweep_rounds import run_sweep
 from resnorm_lm.analysis.sweep_runner import SweepTrainer
+from resnorm_lm.analysis.sweep_slurm import SlurmError, SlurmSweepTrainer
 from resnorm_lm.analysis.tables import depth_sort_key, grid_rows, recipe_row, sort_key
 from resnorm_lm.analysis.tuned_overlays import write_tuned_overlays
 from resnorm_lm.train.loaded_run import CheckpointError
@@ -69,6 +76,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--jobs", type=int, default=1, help="runs trained at once (one GPU each where there are enough)"
     )
+    parser.add_argument("--launcher", choices=["local", "slurm"], default="local",
+                        help="local: fit subprocesses on this machine, --jobs at a time; slurm: each run a SLURM job "
+                             "(docs/cluster.md)")  # fmt: skip
+    add_slurm_args(parser)
     parser.add_argument("--root", default="runs", help="where the runs live")
     parser.add_argument("--results", default="results", help="where tables and plots go: <results>/<profile>/")
     parser.add_argument("--no-train", action="store_true", help="only evaluate and tabulate runs that exist")
@@ -98,7 +109,54 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
     check_depth_args(parser, args)
+    check_slurm_args(parser, args)
     return args
+
+
+SLURM_ARGS = {"partition": "slurm_partition", "account": "slurm_account", "time": "slurm_time",
+              "gpus_per_run": "slurm_gpus", "cpus_per_run": "slurm_cpus", "max_jobs": "slurm_max_jobs"}  # fmt: skip
+
+
+def add_slurm_args(parser: argparse.ArgumentParser) -> None:
+    slurm = parser.add_argument_group("with --launcher slurm (defaults from the site's config file; docs/cluster.md)")
+    slurm.add_argument("--slurm-config", metavar="YAML",
+                       help=f"the site's defaults (default: ${CONFIG_ENV}, else ~/.config/resnorm-lm/slurm.yaml "
+                            "where it exists)")  # fmt: skip
+    slurm.add_argument("--slurm-partition", metavar="NAME", help="the partition each job asks for")
+    slurm.add_argument("--slurm-account", metavar="NAME", help="the account each job is billed to")
+    slurm.add_argument("--slurm-time", metavar="TIME", help="each job's time limit, e.g. 04:00:00")
+    slurm.add_argument(
+        "--slurm-gpus",
+        type=int,
+        metavar="G",
+        help="GPUs per run, one task each (default: 1 where the profile trains on a GPU, else 0)",
+    )
+    slurm.add_argument("--slurm-cpus", type=int, metavar="C", help="CPUs per run")
+    slurm.add_argument(
+        "--slurm-max-jobs",
+        type=int,
+        metavar="N",
+        help=f"the most of the sweep's jobs queued or running at once (default {SlurmOptions.max_jobs})",
+    )
+
+
+def check_slurm_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--launcher and the --slurm-* options: checked, and with --launcher slurm read into ``args.slurm``
+    (``SlurmOptions``: the site's config file, then the options given)."""
+    given = {name: getattr(args, dest) for name, dest in SLURM_ARGS.items()}
+    args.slurm = None
+    if args.launcher != "slurm":
+        named = [f"--{dest.replace('_', '-')}" for dest in [*SLURM_ARGS.values(), "slurm_config"] if
+                 getattr(args, dest) is not None]  # fmt: skip
+        if named:
+            parser.error(f"{', '.join(named)}: only with --launcher slurm")
+        return
+    if args.jobs > 1:
+        parser.error("--jobs is the local launcher's; with --launcher slurm, --slurm-max-jobs is the most at once")
+    try:
+        args.slurm = SlurmOptions.load(args.slurm_config, **given)
+    except ValueError as err:
+        parser.error(str(err))
 
 
 def check_depth_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -153,6 +211,13 @@ def command_line(args, profile: str) -> str:
     return " ".join(parts)
 
 
+def sweep_trainer(args: argparse.Namespace, profile: str) -> SweepTrainer:
+    """What trains the sweep's runs: fit subprocesses here (``SweepTrainer``), or SLURM jobs."""
+    if args.launcher == "slurm":
+        return SlurmSweepTrainer(profile, args.root, args.train_args.split(), args.slurm)
+    return SweepTrainer(profile, args.root, args.train_args.split(), args.jobs)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -163,10 +228,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"resnorm-lm compare: error: {err}", file=sys.stderr)
         return 2
     started = time.time()
-    trainer = SweepTrainer(profile, args.root, args.train_args.split(), args.jobs)
     try:
+        trainer = sweep_trainer(args, profile)
         selections, runs = run_sweep(args, profile, trainer)
-    except (CheckpointError, PrecisionError) as err:  # a checkpoint corrupt, foreign, unsafe or on changed data
+    # a checkpoint corrupt, foreign, unsafe or on changed data; SLURM out of reach, or refusing the sweep
+    except (CheckpointError, PrecisionError, SlurmError) as err:
         print(f"resnorm-lm compare: error: {err}", file=sys.stderr)
         return 2
     if not runs:

@@ -98,14 +98,23 @@ class SweepTrainer:
             with self.lock:
                 self.slots.append(slot)
 
+    def run_options(self, spec: RunSpec) -> list[str]:
+        """The ``fit`` options, after the recipe, profile and seed, that make ``spec``'s run: where it lives, its
+        depth and setting (every launcher runs the same ``fit``)."""
+        return [f"--run.root={self.root}", f"--run.tag={spec.tag}", *spec.overrides()]
+
+    def label(self, spec: RunSpec) -> str:
+        """'prenorm-12l (smoke, 6 layers, lr 0.001, warmup 2, seed 1)': a run as compare's messages name it."""
+        depth = "" if spec.depth is None else f", {spec.depth} layers"
+        return f"{spec.recipe} ({self.profile}{depth}, {spec.setting.describe()}, seed {spec.seed})"
+
     def train(self, spec: RunSpec, slot: int) -> int:
         run_dir = spec.run_dir(self.root, self.profile)
         resume = RunDir(run_dir).state() == "unfinished"
         cmd = [sys.executable, "-m", "resnorm_lm", "fit", "--recipe", spec.recipe, "--profile", self.profile,
-               f"--seed_everything={spec.seed}", f"--run.root={self.root}", f"--run.tag={spec.tag}",
-               *spec.overrides(), *(["--ckpt_path=last"] if resume else []), *self.extra]  # fmt: skip
-        depth = "" if spec.depth is None else f", {spec.depth} layers"
-        label = f"{spec.recipe} ({self.profile}{depth}, {spec.setting.describe()}, seed {spec.seed})"
+               f"--seed_everything={spec.seed}", *self.run_options(spec), *(["--ckpt_path=last"] if resume else []),
+               *self.extra]  # fmt: skip
+        label = self.label(spec)
         print(f"\ncompare: {'resuming' if resume else 'training'} {label}", flush=True)
         env = dict(os.environ)
         out = None
@@ -140,13 +149,18 @@ def working_directory(path: Path) -> Iterator[None]:
         os.chdir(before)
 
 
-def profile_max_steps(profile: str) -> int:
+def profile_trainer(profile: str) -> dict:
+    """The ``trainer`` section of recipes/profiles/<profile>.yaml."""
     import yaml
 
     from resnorm_lm.train.recipes import RECIPES_DIR
 
     config = yaml.safe_load((RECIPES_DIR / "profiles" / f"{profile}.yaml").read_text())
-    return int(config.get("trainer", {}).get("max_steps") or 0)
+    return config.get("trainer") or {}
+
+
+def profile_max_steps(profile: str) -> int:
+    return int(profile_trainer(profile).get("max_steps") or 0)
 
 
 # ---------------------------------------------------------------------- time estimates
