@@ -12,7 +12,6 @@ which ``make compare`` flags a run "not learning").
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -20,10 +19,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from resnorm_lm.analysis.sweep import NOT_LEARNING_NATS  # noqa: E402 (after the path)
+from resnorm_lm.train.runs import RunDir  # noqa: E402
 
 
 def val_loss(run_dir: Path) -> float | None:
-    summary = json.loads((run_dir / "eval.json").read_text())
+    summary = RunDir(run_dir).summary()
     ev = summary.get("eval") or {}
     return None if summary.get("diverged") else (ev.get("validation") or {}).get("loss")
 
@@ -40,11 +40,11 @@ def main() -> int:
     print(f"{'run':48} {first.name:>10} {second.name:>10} {'diff':>8}")
     for path in sorted(first.glob(f"*/{args.profile}-*/eval.json")):
         rel = path.parent.relative_to(first)
-        if not (second / rel / "eval.json").is_file():
+        if not RunDir(second / rel).summary_path.is_file():
             continue
         a, b = val_loss(first / rel), val_loss(second / rel)
         diff = None if a is None or b is None else b - a
-        print(f"{str(rel):48} {a if a is None else f'{a:.3f}':>10} {b if b is None else f'{b:.3f}':>10} "
+        print(f"{str(rel):48} {'-' if a is None else f'{a:.3f}':>10} {'-' if b is None else f'{b:.3f}':>10} "
               f"{'-' if diff is None else f'{diff:+.3f}':>8}")  # fmt: skip
         if diff is not None and max(a, b) < args.unigram - NOT_LEARNING_NATS:
             learning.append(abs(diff))

@@ -63,6 +63,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import device_files, run_files  # noqa: E402
+from resnorm_lm.train.runs import RunDir  # noqa: E402
 
 DEVICE_STAGES = ("quick", "check", "kernels", "training", "placements", "e2e", "profile", "depth")
 # expected seconds of each stage on an H100: an invocation's time is shared among its stages by these
@@ -301,9 +302,9 @@ def stage_e2e(s: Session, d: Path, budget: Budget) -> list[tuple[str, Path]]:
     s.step("e2e", "make-train", [s.py, "-m", "resnorm_lm", "fit", "--recipe", "prenorm-12l", "--seed_everything", "1",
                                  *sized, "--trainer.enable_progress_bar=false", f"--run.root={d / 'runs'}"],
            budget.share(1), needs_cuda=True, grace_s=60)  # fmt: skip
-    run = d / "runs" / "prenorm-12l" / f"{s.bench_profile}-seed1"
-    return [("eval.json", run / "eval.json"), ("metrics.csv", run / "metrics.csv"), ("log.txt", d / "log.txt"),
-            ("manifest.json", run / "manifest.json"), ("config.yaml", run / "config.yaml")]  # fmt: skip
+    run = RunDir(d / "runs" / "prenorm-12l" / f"{s.bench_profile}-seed1")
+    files = [run.summary_path, run.metrics_path, d / "log.txt", run.manifest_path, run.config_path]
+    return [(path.name, path) for path in files]
 
 
 def stage_profile(s: Session, d: Path, budget: Budget) -> list[tuple[str, Path]]:

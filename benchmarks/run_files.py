@@ -142,7 +142,7 @@ def tail(path: Path, lines: int = 15) -> str:
 def failed_runs(root: Path) -> list[Path]:
     """Run directories with a log but neither a finished eval.json nor a checkpoint: they ended in an error."""
     return sorted(p.parent for p in Path(root).glob("*/*/train.log") if not eval_summary(p.parent).get("finished")
-                  and not (p.parent / "checkpoints" / "last.ckpt").is_file())  # fmt: skip
+                  and not RunDir(p.parent).last_checkpoint.is_file())  # fmt: skip
 
 
 # ---------------------------------------------------------------- the layer contribution (a child process)
@@ -153,7 +153,7 @@ def contribution_order(root: Path, n_tokens: int) -> list[Path]:
     validation loss of each (recipe, depth) first, then the second best of each, and so on."""
     groups: dict[tuple[str, int | None], list[tuple[float, Path]]] = {}
     for run_dir in finished_runs(root):
-        if not (run_dir / "checkpoints" / "last.ckpt").is_file():
+        if not RunDir(run_dir).last_checkpoint.is_file():
             continue
         summary = eval_summary(run_dir)
         cached = run_dir / "layer_contribution.json"

@@ -310,7 +310,7 @@ def no_checkpoint_at(path: str) -> str:
     """What is wrong with a --ckpt_path that is not a file, and what to give instead."""
     if not Path(path).is_dir():
         return f"checkpoint {path} does not exist"
-    last = Path(path) / "checkpoints" / "last.ckpt"
+    last = RunDir(Path(path)).last_checkpoint
     latest = f" ({last} is its latest)" if last.is_file() else ""
     return (f"--ckpt_path {path} is a directory, not a checkpoint: give a .ckpt file{latest}, or `last` "
             "(RESUME=last) to resume the run this command names")  # fmt: skip

@@ -1,0 +1,81 @@
+"""The house rules a newcomer can check: every module of the package short and saying what it holds, one atomic
+writer, one FLOPs formula, one reader of run directories. Each test names the file that breaks its rule."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "resnorm_lm"
+MAX_LINES = 400
+
+
+def sources(*folders: str) -> dict[str, str]:
+    """{path relative to the repository: text} of every .py file under ``folders``."""
+    return {
+        str(path.relative_to(REPO)): path.read_text()
+        for folder in folders
+        for path in sorted((REPO / folder).rglob("*.py"))
+        if "__pycache__" not in path.parts
+    }
+
+
+def lines_matching(pattern: str, *folders: str) -> dict[str, list[str]]:
+    """{file: [matching lines]} for every file with a line that matches ``pattern`` (comments included)."""
+    found = {}
+    for path, text in sources(*folders).items():
+        hits = [line.strip() for line in text.splitlines() if re.search(pattern, line)]
+        if hits:
+            found[path] = hits
+    return found
+
+
+def test_every_module_is_short_and_its_docstring_says_what_it_holds():
+    too_long = {p: len(t.splitlines()) for p, t in sources("resnorm_lm").items() if len(t.splitlines()) > MAX_LINES}
+    assert not too_long, f"modules over {MAX_LINES} lines (split them by concern): {too_long}"
+    silent = [p for p, t in sources("resnorm_lm").items() if not (ast.get_docstring(ast.parse(t)) or "").strip()]
+    assert not silent, f"modules without a docstring saying what they hold: {silent}"
+
+
+def test_one_atomic_writer():
+    """Temp file then rename lives in resnorm_lm/data/cache.py (``atomic_write`` and the cache folder's publish);
+    everything else writes through it."""
+    renames = lines_matching(r"\bos\.(replace|rename)\(|\.rename\(|\.replace\((tmp|temp)", "resnorm_lm", "benchmarks")
+    assert set(renames) == {"resnorm_lm/data/cache.py"}, f"renames outside the one atomic writer: {renames}"
+
+
+def test_one_flops_formula():
+    """6N + 12 L C T per token is written once, in ``GPT.flops_per_token``; the rest call it."""
+    formulas = lines_matching(r"\b6 \* .*(param|num_parameters)", "resnorm_lm", "benchmarks")
+    assert set(formulas) == {"resnorm_lm/model/gpt.py"}, f"FLOPs formulas outside GPT.flops_per_token: {formulas}"
+
+
+RUN_FILES = r"\"(eval\.json|config\.yaml|last\.ckpt|manifest\.json|metrics\.csv)\""
+NOT_RUN_DIRECTORIES = {  # files that name the same file names for something other than a run directory
+    "resnorm_lm/data/bins.py": "the token bins' own manifest.json",
+    "resnorm_lm/data/prepare.py": "the token bins' own manifest.json",
+    "resnorm_lm/train/logging.py": "the CSV logger continuing the metrics.csv it writes",
+}
+
+
+def test_one_reader_of_run_directories():
+    """A run directory's file names appear in ``RunDir`` (resnorm_lm/train/runs.py) only: every reader goes
+    through it."""
+    readers = set(lines_matching(RUN_FILES, "resnorm_lm", "benchmarks")) - set(NOT_RUN_DIRECTORIES)
+    assert readers == {"resnorm_lm/train/runs.py"}, f"run directories read outside RunDir: {sorted(readers)}"
+
+
+def test_the_rules_can_fail(tmp_path, monkeypatch):
+    """Each rule finds a file that breaks it (so a passing test means the tree keeps it)."""
+    (tmp_path / "resnorm_lm").mkdir()
+    (tmp_path / "resnorm_lm" / "bad.py").write_text(
+        'import os\nos.replace(a, b)\nflops = 6 * num_parameters\npath = run / "eval.json"\n' + "x = 1\n" * MAX_LINES
+    )
+    monkeypatch.setattr(f"{__name__}.REPO", tmp_path)
+    assert list(lines_matching(r"\bos\.(replace|rename)\(", "resnorm_lm")) == ["resnorm_lm/bad.py"]
+    assert list(lines_matching(r"\b6 \* .*(param|num_parameters)", "resnorm_lm")) == ["resnorm_lm/bad.py"]
+    assert list(lines_matching(RUN_FILES, "resnorm_lm")) == ["resnorm_lm/bad.py"]
+    (text,) = sources("resnorm_lm").values()
+    assert len(text.splitlines()) > MAX_LINES and not ast.get_docstring(ast.parse(text))
