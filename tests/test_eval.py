@@ -39,9 +39,10 @@ def trained(tmp_path_factory):
             "other_text": tmp / "other_text" / "prenorm-12l" / "smoke-seed1"}  # fmt: skip
 
 
-def copied_run(trained, dest: Path, files: str | None = None, precision: str | None = None) -> Path:
-    """A copy of the prenorm run; its checkpoint may name other text files or another training precision."""
-    shutil.copytree(trained["pre"], dest)
+def copied_run(trained, dest: Path, run: str = "pre", files: str | None = None, precision: str | None = None) -> Path:
+    """A copy of a trained run (the prenorm one by default) for a test to evaluate, so that no test reads what
+    another's evaluation wrote into eval.json; its checkpoint may name other text files or another precision."""
+    shutil.copytree(trained[run], dest)
     ckpt = dest / "checkpoints" / "last.ckpt"
     state = torch.load(ckpt, weights_only=True)
     if files is not None:
@@ -52,11 +53,12 @@ def copied_run(trained, dest: Path, files: str | None = None, precision: str | N
     return dest
 
 
-def test_eval_counts_every_token_once_and_records_it(trained, capsys):
-    assert main(["eval", str(trained["pre"]), str(trained["post"])]) == 0
+def test_eval_counts_every_token_once_and_records_it(trained, tmp_path, capsys):
+    pre, post = copied_run(trained, tmp_path / "pre"), copied_run(trained, tmp_path / "post", run="post")
+    assert main(["eval", str(pre), str(post)]) == 0
     out = capsys.readouterr().out
     assert "| run | step |" in out and "validation_ppl" in out and "test_bpb" in out
-    summary = json.loads((trained["pre"] / "eval.json").read_text())["eval"]
+    summary = json.loads((pre / "eval.json").read_text())["eval"]
     for split in ("validation", "test"):
         metrics = summary[split]
         assert metrics["targets"] == metrics["tokens"] - 1  # every token but the first is predicted once
@@ -65,15 +67,21 @@ def test_eval_counts_every_token_once_and_records_it(trained, capsys):
     assert summary["step"] == 6
 
 
-def test_eval_is_deterministic(trained, capsys):
-    main(["eval", str(trained["pre"]), "--split", "validation"])
-    first = json.loads((trained["pre"] / "eval.json").read_text())["eval"]["validation"]["loss"]
-    main(["eval", str(trained["pre"]), "--split", "validation"])
-    assert json.loads((trained["pre"] / "eval.json").read_text())["eval"]["validation"]["loss"] == first
+def validation_loss(run: Path) -> float:
+    return json.loads((run / "eval.json").read_text())["eval"]["validation"]["loss"]
 
 
-def test_runs_with_different_tokenizers_on_one_text_keep_bpb_and_word_ppl(trained, capsys):
-    assert main(["eval", str(trained["pre"]), str(trained["other_vocab"]), "--split", "validation"]) == 0
+def test_eval_is_deterministic(trained, tmp_path):
+    run = copied_run(trained, tmp_path / "run")
+    assert main(["eval", str(run), "--split", "validation"]) == 0
+    first = validation_loss(run)
+    assert main(["eval", str(run), "--split", "validation"]) == 0
+    assert validation_loss(run) == first
+
+
+def test_runs_with_different_tokenizers_on_one_text_keep_bpb_and_word_ppl(trained, tmp_path, capsys):
+    runs = [copied_run(trained, tmp_path / name, run=name) for name in ("pre", "other_vocab")]
+    assert main(["eval", *map(str, runs), "--split", "validation"]) == 0
     out = capsys.readouterr().out
     assert "use 2 tokenizers: token-level perplexity counts different tokens" in out
     header = next(line for line in out.splitlines() if line.startswith("| run |"))
@@ -81,17 +89,17 @@ def test_runs_with_different_tokenizers_on_one_text_keep_bpb_and_word_ppl(traine
     assert out.count("| run |") == 1  # one text: one table, both runs ranked in it
 
 
-def test_runs_on_different_texts_are_ranked_only_within_their_own_text(trained, capsys):
-    runs = [str(trained["pre"]), str(trained["other_text"]), str(trained["post"])]
-    assert main(["eval", *runs, "--split", "validation"]) == 0
+def test_runs_on_different_texts_are_ranked_only_within_their_own_text(trained, tmp_path, capsys):
+    pre, other_text, post = (str(copied_run(trained, tmp_path / n, run=n)) for n in ("pre", "other_text", "post"))
+    assert main(["eval", pre, other_text, post, "--split", "validation"]) == 0
     out = capsys.readouterr().out
     assert "evaluated on 2 different texts" in out and "not ranked against each other" in out
     tables = out.split("corpus text (fingerprint ")[1:]
     assert len(tables) == 2 and out.count("| run |") == 2
     # one tokenizer within each text: token-level perplexity is kept there
     assert all("validation_ppl" in t and "validation_word_ppl" in t for t in tables)
-    first = next(t for t in tables if str(trained["pre"]) in t)
-    assert str(trained["post"]) in first and str(trained["other_text"]) not in first
+    first = next(t for t in tables if pre in t)
+    assert post in first and other_text not in first
 
 
 def test_the_table_ranks_by_bpb_within_each_text_and_never_across():
@@ -122,18 +130,18 @@ def test_eval_refuses_corrupt_truncated_or_foreign_checkpoints(trained, tmp_path
     assert "not a resnorm-lm checkpoint" in capsys.readouterr().err
 
 
-def test_eval_over_two_ddp_processes_matches_one(trained):
-    single = json.loads((trained["pre"] / "eval.json").read_text())
+def test_eval_over_two_ddp_processes_matches_one(trained, tmp_path):
+    run = copied_run(trained, tmp_path / "run")
+    assert main(["eval", str(run), "--split", "validation"]) == 0
+    single = validation_loss(run)
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, "-m", "resnorm_lm", "eval", str(trained["pre"]), "--devices", "2",
+    proc = subprocess.run([sys.executable, "-m", "resnorm_lm", "eval", str(run), "--devices", "2",
                            "--split", "validation"], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=240)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    both = json.loads((trained["pre"] / "eval.json").read_text())["eval"]["validation"]
-    ref = single["eval"]["validation"] if "eval" in single else None
+    both = json.loads((run / "eval.json").read_text())["eval"]["validation"]
     assert both["targets"] == both["tokens"] - 1  # each target counted once across the two ranks
-    if ref is not None:
-        assert both["loss"] == pytest.approx(ref["loss"], rel=1e-5)
+    assert both["loss"] == pytest.approx(single, rel=1e-5)
 
 
 def test_generate_streams_a_deterministic_sample_for_each_backend(trained, capsys):
