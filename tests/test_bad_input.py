@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.train_helpers import run_cli, smoke_args, write_corpus
+from tests.smoke import run_cli, smoke_args, write_corpus
 
 NUMBERS = [
     ("--trainer.max_steps=-5", "trainer.max_steps=-5: the optimizer steps"),

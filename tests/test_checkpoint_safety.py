@@ -17,7 +17,7 @@ from resnorm_lm.train.checkpoint_io import (
     UnsafeCheckpointError,
     read_checkpoint_file,
 )
-from tests.train_helpers import run_cli, smoke_args, write_corpus
+from tests.smoke import run_cli, smoke_args, write_corpus
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from resnorm_lm.train.clipping import ClipRecord
-from tests.train_helpers import run_cli, smoke_args, write_corpus
+from tests.smoke import run_cli, smoke_args, write_corpus
 
 
 def grads_of_norm(norm: float) -> list[torch.Tensor]:

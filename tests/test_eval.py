@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,9 +14,7 @@ from resnorm_lm.analysis.eval_records import eval_precisions, evaluated
 from resnorm_lm.analysis.evaluate import eval_precision, format_tables
 from resnorm_lm.analysis.report import markdown_report
 from resnorm_lm.cli import main
-from tests.train_helpers import run_cli, smoke_args, write_corpus
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.smoke import resnorm_lm_process, run_cli, smoke_args, write_corpus
 
 
 @pytest.fixture(scope="module")
@@ -134,10 +129,7 @@ def test_eval_over_two_ddp_processes_matches_one(trained, tmp_path):
     run = copied_run(trained, tmp_path / "run")
     assert main(["eval", str(run), "--split", "validation"]) == 0
     single = validation_loss(run)
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, "-m", "resnorm_lm", "eval", str(run), "--devices", "2",
-                           "--split", "validation"], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=240)  # fmt: skip
+    proc = resnorm_lm_process(["eval", str(run), "--devices", "2", "--split", "validation"], timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     both = json.loads((run / "eval.json").read_text())["eval"]["validation"]
     assert both["targets"] == both["tokens"] - 1  # each target counted once across the two ranks
@@ -163,8 +155,7 @@ def test_compare_trains_missing_resumes_unfinished_and_reuses_finished(tmp_path,
                               recipe="postnorm-12l")) == 0  # fmt: skip
     args = ["compare", "--recipes", "prenorm-12l", "postnorm-12l", "--profile", "smoke", "--seeds", "1", "2",
             "--root", str(root), "--results", str(results), f"--train-args={train_args}"]  # fmt: skip
-    proc = subprocess.run([sys.executable, "-m", "resnorm_lm", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO)))  # fmt: skip
+    proc = resnorm_lm_process(args, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resuming postnorm-12l (smoke, recipe lr, warmup of the recipe, seed 1)" in proc.stdout
     assert proc.stdout.count("compare: training") == 3
@@ -175,8 +166,7 @@ def test_compare_trains_missing_resumes_unfinished_and_reuses_finished(tmp_path,
     assert rows[0].startswith("recipe,") and "eval_precision" in rows[0] and len(rows) == 3
     assert (results / "smoke" / "loss_curves.png").stat().st_size > 10_000
     assert (results / "smoke" / "grad_norms.png").stat().st_size > 10_000
-    again = subprocess.run([sys.executable, "-m", "resnorm_lm", *args], cwd=REPO, capture_output=True, text=True,
-                           timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO)))  # fmt: skip
+    again = resnorm_lm_process(args, timeout=600)
     assert again.returncode == 0 and "compare: training" not in again.stdout and "resuming" not in again.stdout
 
 

@@ -22,9 +22,8 @@ from resnorm_lm.cli import main
 from resnorm_lm.train.checkpoint_io import AtomicCheckpointIO
 from resnorm_lm.train.divergence import DivergenceConfig, DivergenceGuard
 from resnorm_lm.train.preemption import PreemptOnSigterm
-from tests.train_helpers import final_weights, run_cli, smoke_args, train_losses, write_corpus
+from tests.smoke import REPO, final_weights, resnorm_lm_process, run_cli, smoke_args, train_losses, write_corpus
 
-REPO = Path(__file__).resolve().parents[1]
 TOTAL = 6
 COMMON = ["--model.arch.dropout=0.1", f"--trainer.max_steps={TOTAL}", "--run.checkpoint_every=1",
           "--trainer.val_check_interval=2"]  # fmt: skip
@@ -34,9 +33,7 @@ def fit_process(tmp: Path, corpus: str, root: Path, *extra: str, fault: str = ""
     args = smoke_args(tmp, corpus, f"--run.root={root}", *COMMON, *extra)
     if fault:
         args.append("--trainer.callbacks+=tests.fault_probe.FaultProbe")
-    env = dict(os.environ, PYTHONPATH=str(REPO), RESNORM_LM_FAULT=fault, **env)
-    return subprocess.run([sys.executable, "-m", "resnorm_lm", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
+    return resnorm_lm_process(args, timeout=timeout, RESNORM_LM_FAULT=fault, **env)
 
 
 @pytest.fixture(scope="module")

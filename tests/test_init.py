@@ -100,7 +100,7 @@ def test_an_unknown_init_lists_the_valid_ones():
 def test_a_run_records_its_init_in_the_manifest(tmp_path):
     import json
 
-    from tests.train_helpers import run_cli, smoke_args, write_corpus
+    from tests.smoke import run_cli, smoke_args, write_corpus
 
     corpus = write_corpus(tmp_path / "corpus")
     args = smoke_args(tmp_path, corpus, f"--run.root={tmp_path / 'runs'}", "--trainer.max_steps=1",

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from resnorm_lm.model.norms import NORMS, DynamicTanh, LayerNorm, NoNorm, RMSNorm, ScaleNorm, build_norm
+from resnorm_lm.model.norms import NORMS, LayerNorm, build_norm
 from tests import reference_norms as ref
 from tests.tolerances import assert_within_noise
 
@@ -50,21 +50,6 @@ def test_eps_sits_inside_the_square_root():
 # ---------------------------------------------------------------- parity with plain references
 
 
-def reference(norm, x, dtype=torch.float64):
-    """The plain-formula output of ``norm`` with the module's own parameters, computed in ``dtype``."""
-    if isinstance(norm, LayerNorm):
-        return ref.layernorm(x, norm.weight, norm.bias, norm.eps, dtype)
-    if isinstance(norm, RMSNorm):
-        return ref.rmsnorm(x, norm.weight, norm.eps, dtype)
-    if isinstance(norm, ScaleNorm):
-        return ref.scalenorm(x, norm.gain, norm.eps, dtype)
-    if isinstance(norm, DynamicTanh):
-        return ref.dyt(x, norm.alpha, norm.weight, norm.bias, dtype)
-    if isinstance(norm, NoNorm):
-        return x.to(dtype)
-    raise AssertionError(f"no reference for {type(norm).__name__}")
-
-
 def randomize_parameters(norm):
     with torch.no_grad():
         for p in norm.parameters():
@@ -74,19 +59,12 @@ def randomize_parameters(norm):
 SHAPES = [(3, 7, 1000), (5, 64), (1, 1, 33), (13, 96)]
 
 
-def fp64_twin(norm, name, dim, bias):
-    """A fp64 copy of ``norm`` with the same (already rounded) parameter values, for the exact side."""
-    twin = build_norm(name, dim, bias=bias).double()
-    twin.load_state_dict({k: v.double() for k, v in norm.state_dict().items()})
-    return twin
-
-
 def noisy_module(name, dim, bias, dtype):
     """A norm with random parameters in ``dtype``, its exact fp64 twin and its fp32 twin (the plain path)."""
     norm = build_norm(name, dim, bias=bias)
     randomize_parameters(norm)
     norm = norm.to(dtype)
-    exact = fp64_twin(norm, name, dim, bias)
+    exact = ref.fp64_twin(norm, name, dim, bias)
     return norm, exact, copy.deepcopy(exact).float()
 
 
@@ -100,8 +78,8 @@ def test_norm_forward_matches_reference(name, shape, bias, dtype):
     y = norm(x)
     assert y.dtype == dtype and y.shape == x.shape
     # the noise floor: the formula with fp32 arithmetic (as torch computes half-precision norms), rounded to dtype
-    path = reference(plain, x, torch.float32).to(dtype)
-    assert_within_noise(y, path, reference(exact, x), f"{name} ({dtype})")
+    path = ref.reference(plain, x, torch.float32).to(dtype)
+    assert_within_noise(y, path, ref.reference(exact, x), f"{name} ({dtype})")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -113,8 +91,8 @@ def test_norm_gradients_match_reference(name, shape, dtype):
     dy = torch.randn(shape).to(dtype)
     x64, x32 = x.detach().double().requires_grad_(), x.detach().float().requires_grad_()  # the same rounded input
     got = torch.autograd.grad(norm(x), [x, *norm.parameters()], grad_outputs=dy)
-    want = torch.autograd.grad(reference(norm64, x64), [x64, *norm64.parameters()], grad_outputs=dy.double())
-    path = torch.autograd.grad(reference(plain, x32, torch.float32), [x32, *plain.parameters()],
+    want = torch.autograd.grad(ref.reference(norm64, x64), [x64, *norm64.parameters()], grad_outputs=dy.double())
+    path = torch.autograd.grad(ref.reference(plain, x32, torch.float32), [x32, *plain.parameters()],
                                grad_outputs=dy.float())  # fmt: skip
     names = ["x"] + [n for n, _ in norm.named_parameters()]
     for what, g, w, p in zip(names, got, want, path):

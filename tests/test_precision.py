@@ -16,7 +16,7 @@ import yaml
 
 import resnorm_lm.train.precision as precision
 from resnorm_lm.train.precision import Bf16Probe, PrecisionError, choose_auto, resolve_precision
-from tests.train_helpers import run_cli, smoke_args, write_corpus
+from tests.smoke import run_cli, smoke_args, write_corpus
 
 REPO = Path(__file__).resolve().parents[1]
 AVX2_ONLY = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,9 +11,8 @@ import torch
 
 from resnorm_lm.train.checkpoint_io import AtomicCheckpointIO
 from resnorm_lm.train.preemption import Preempted, PreemptOnSigterm
-from tests.train_helpers import run_cli, smoke_args, train_losses, write_corpus
+from tests.smoke import resnorm_lm_process, run_cli, smoke_args, train_losses, write_corpus
 
-REPO = Path(__file__).resolve().parents[1]
 STEPS = 3  # optimizer steps of every run
 SIGNALLED_STEP = 1  # the SIGTERM lands in the window of this step (0-based): one step is done before it
 CHECKPOINT_EVERY = SIGNALLED_STEP + 1  # a resumed run starts at a periodic checkpoint's step
@@ -170,9 +167,7 @@ def fit_ddp(setting: dict, root: Path, *extra: str, fault: str = "") -> subproce
                       "--trainer.strategy=ddp", *extra)  # fmt: skip
     if fault:
         argv.append("--trainer.callbacks+=tests.fault_probe.FaultProbe")
-    env = dict(os.environ, PYTHONPATH=str(REPO), RESNORM_LM_FAULT=fault, OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "resnorm_lm", *argv], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
+    return resnorm_lm_process(argv, timeout=600, RESNORM_LM_FAULT=fault, OMP_NUM_THREADS="1")
 
 
 @pytest.mark.slow

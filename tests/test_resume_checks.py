@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tests.train_helpers import run_cli, smoke_args, write_corpus
+from tests.smoke import run_cli, smoke_args, write_corpus
 
 STEPS = ["--trainer.max_steps=4", "--run.checkpoint_every=2", "--trainer.val_check_interval=2"]
 

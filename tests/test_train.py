@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,9 +15,7 @@ from resnorm_lm.model.gpt import GPT, GPTConfig
 from resnorm_lm.train.optim import OptimConfig, warmup_cosine
 from resnorm_lm.train.recipes import available_profiles, available_recipes
 from resnorm_lm.train.runs import RunDir
-from tests.train_helpers import final_weights, run_cli, smoke_args, train_losses, write_corpus
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.smoke import final_weights, resnorm_lm_process, run_cli, smoke_args, train_losses, write_corpus
 
 
 @pytest.fixture(scope="module")
@@ -246,9 +241,7 @@ def test_ddp_two_gloo_ranks_train_disjoint_data_to_identical_weights(tmp_path, c
     args = smoke_args(tmp_path, corpus, f"--run.root={tmp_path / 'runs'}", "--trainer.devices=2",
                       "--trainer.strategy=ddp", "--trainer.max_steps=4", "--model.arch.dropout=0.1",
                       "--trainer.callbacks+=tests.ddp_probe.RecordRankBatches")  # fmt: skip
-    env = dict(os.environ, RESNORM_LM_PROBE_DIR=str(probe), PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, "-m", "resnorm_lm", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=240)  # fmt: skip
+    proc = resnorm_lm_process(args, timeout=240, RESNORM_LM_PROBE_DIR=str(probe))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "RESULT " in proc.stdout
     ranks = [json.loads((probe / f"rank{r}.json").read_text()) for r in (0, 1)]

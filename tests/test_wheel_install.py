@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.train_helpers import write_corpus
+from tests.smoke import write_corpus
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = ["pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "resnorm_lm", "recipes"]  # what a build reads
