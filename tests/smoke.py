@@ -3,7 +3,9 @@ this process or in a fresh one, and what a run wrote (its per-step losses, its f
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import os
 import random
 import subprocess
@@ -12,8 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from resnorm_lm.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -97,15 +97,17 @@ def write_documents(folder: Path, docs: list[str], prefix: str = "doc") -> list[
 # ---------------------------------------------------------------- the command
 
 
-def smoke_args(tmp_path: Path, corpus_glob: str, *extra: str, recipe: str = "prenorm-12l") -> list[str]:
-    """``fit`` on the smoke profile with the local corpus, a private cache and run root."""
+def smoke_args(corpus_glob: str, *extra: str, recipe: str = "prenorm-12l", cache_dir: Path | None = None) -> list[str]:
+    """``fit`` on the smoke profile with a local corpus; its data prepared in ``cache_dir``, by default in
+    $RESNORM_LM_CACHE (the session's, tests/conftest.py), where runs of one corpus share it. Give ``--run.root``."""
+    cache = [f"--data.cache_dir={cache_dir}"] if cache_dir is not None else []
     return [
         "fit",
         "--recipe", recipe,
         "--profile", "smoke",
         "--data.corpus=text",
         f"--data.files=[{corpus_glob}]",
-        f"--data.cache_dir={tmp_path / 'cache'}",
+        *cache,
         "--trainer.enable_progress_bar=false",
         *extra,
     ]  # fmt: skip
@@ -113,10 +115,21 @@ def smoke_args(tmp_path: Path, corpus_glob: str, *extra: str, recipe: str = "pre
 
 def run_cli(args: list[str]) -> int:
     """``resnorm-lm <args>`` in this process: its exit code."""
+    from resnorm_lm.cli import main  # here: the data tests import this module without Lightning
+
     try:
         return main(args)
     except SystemExit as exit_:  # jsonargparse exits on parse errors
         return int(exit_.code or 0)
+
+
+def run_cli_captured(args: list[str]) -> subprocess.CompletedProcess:
+    """``run_cli`` with this process's stdout and stderr captured, as ``resnorm_lm_process`` returns them (what
+    the command's own processes print goes where theirs goes)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = run_cli(args)
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 def resnorm_lm_process(args: list[str], timeout: float = 300, **env: str) -> subprocess.CompletedProcess:

@@ -18,17 +18,16 @@ from tests.smoke import resnorm_lm_process, run_cli, smoke_args, write_corpus
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(tmp_path_factory, smoke_corpus):
     """Two finished smoke runs (prenorm, postnorm-triton), one with another vocabulary, one on another text."""
     tmp = tmp_path_factory.mktemp("trained")
-    corpus = write_corpus(tmp / "corpus")
     root = tmp / "runs"
     for recipe in ("prenorm-12l", "postnorm-12l-triton"):
-        assert run_cli(smoke_args(tmp, corpus, f"--run.root={root}", recipe=recipe)) == 0
-    assert run_cli(smoke_args(tmp, corpus, f"--run.root={tmp / 'other'}", "--data.vocab_size=300")) == 0
+        assert run_cli(smoke_args(smoke_corpus, f"--run.root={root}", recipe=recipe)) == 0
+    assert run_cli(smoke_args(smoke_corpus, f"--run.root={tmp / 'other'}", "--data.vocab_size=300")) == 0
     other_corpus = write_corpus(tmp / "corpus2", seed=1)
-    assert run_cli(smoke_args(tmp, other_corpus, f"--run.root={tmp / 'other_text'}")) == 0
-    return {"tmp": tmp, "corpus": corpus, "root": root,
+    assert run_cli(smoke_args(other_corpus, f"--run.root={tmp / 'other_text'}")) == 0
+    return {"tmp": tmp, "corpus": smoke_corpus, "root": root,
             "pre": root / "prenorm-12l" / "smoke-seed1", "post": root / "postnorm-12l-triton" / "smoke-seed1",
             "other_vocab": tmp / "other" / "prenorm-12l" / "smoke-seed1",
             "other_text": tmp / "other_text" / "prenorm-12l" / "smoke-seed1"}  # fmt: skip
@@ -145,13 +144,11 @@ def test_generate_streams_a_deterministic_sample_for_each_backend(trained, capsy
     assert texts[0] == texts[2]  # same seed, same text
 
 
-def test_compare_trains_missing_resumes_unfinished_and_reuses_finished(tmp_path, capsys):
-    corpus = write_corpus(tmp_path / "corpus")
+def test_compare_trains_missing_resumes_unfinished_and_reuses_finished(tmp_path, smoke_corpus):
     root, results = tmp_path / "runs", tmp_path / "results"
-    train_args = f"--data.corpus=text --data.files=[{corpus}] --data.cache_dir={tmp_path / 'cache'} "
-    train_args += "--trainer.enable_progress_bar=false"
+    train_args = f"--data.corpus=text --data.files=[{smoke_corpus}] --trainer.enable_progress_bar=false"
     # an unfinished run: stopped at step 3 of 6
-    assert run_cli(smoke_args(tmp_path, corpus, f"--run.root={root}", "--run.stop_after_steps=3",
+    assert run_cli(smoke_args(smoke_corpus, f"--run.root={root}", "--run.stop_after_steps=3",
                               recipe="postnorm-12l")) == 0  # fmt: skip
     args = ["compare", "--recipes", "prenorm-12l", "postnorm-12l", "--profile", "smoke", "--seeds", "1", "2",
             "--root", str(root), "--results", str(results), f"--train-args={train_args}"]  # fmt: skip
@@ -175,13 +172,13 @@ def test_compare_rejects_unknown_recipes(capsys):
     assert "unknown recipe 'prenorm-99l'" in capsys.readouterr().err
 
 
-def test_eval_and_generate_refuse_a_run_whose_text_corpus_changed(trained, tmp_path, capsys):
+def test_eval_and_generate_refuse_a_run_whose_text_corpus_changed(trained, tmp_path, capsys, data_cache):
     corpus = tmp_path / "corpus"
     shutil.copytree(Path(trained["corpus"]).parent, corpus)
     run = copied_run(trained, tmp_path / "run", files=str(corpus / "*.txt"))
     assert main(["eval", str(run), "--split", "validation"]) == 0  # the same text elsewhere: the same data
     recorded = (run / "eval.json").read_bytes()
-    cache = trained["tmp"] / "cache"
+    cache = data_cache
     cached = {sub: sorted((cache / sub).iterdir()) for sub in ("prepared", "tokenizers")}
     first = sorted(corpus.glob("*.txt"))[0]
     first.write_text(first.read_text() + "A line the run never saw.\n")

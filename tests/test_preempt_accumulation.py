@@ -11,7 +11,7 @@ import torch
 
 from resnorm_lm.train.checkpoint_io import AtomicCheckpointIO
 from resnorm_lm.train.preemption import Preempted, PreemptOnSigterm
-from tests.smoke import resnorm_lm_process, run_cli, smoke_args, train_losses, write_corpus
+from tests.smoke import resnorm_lm_process, run_cli, smoke_args, train_losses
 
 STEPS = 3  # optimizer steps of every run
 SIGNALLED_STEP = 1  # the SIGTERM lands in the window of this step (0-based): one step is done before it
@@ -27,7 +27,7 @@ CASES = [
 
 
 def args(setting: dict, root: Path, accumulate: int, *extra: str) -> list[str]:
-    return smoke_args(setting["tmp"], setting["corpus"], f"--run.root={root}", "--model.arch.n_layer=2",
+    return smoke_args(setting["corpus"], f"--run.root={root}", "--model.arch.n_layer=2",
                       "--model.arch.dropout=0.1", f"--trainer.max_steps={STEPS}", f"--trainer.accumulate_grad_batches="
                       f"{accumulate}", f"--run.checkpoint_every={CHECKPOINT_EVERY}", *extra)  # fmt: skip
 
@@ -64,9 +64,8 @@ def one_thread():
 
 
 @pytest.fixture(scope="module")
-def setting(tmp_path_factory) -> dict:
-    tmp = tmp_path_factory.mktemp("preempt-accumulation")
-    return {"tmp": tmp, "corpus": write_corpus(tmp / "corpus"), "uninterrupted": {}}
+def setting(tmp_path_factory, smoke_corpus) -> dict:
+    return {"tmp": tmp_path_factory.mktemp("preempt-accumulation"), "corpus": smoke_corpus, "uninterrupted": {}}
 
 
 @pytest.fixture
@@ -161,7 +160,7 @@ def test_under_ddp_with_accumulation_the_ranks_compare_flags_at_the_same_step_en
 
 def fit_ddp(setting: dict, root: Path, *extra: str, fault: str = "") -> subprocess.CompletedProcess:
     """2 gloo ranks, accumulation 2, 22 steps: the ranks compare flags at steps 10 and 20 (ddp_check_every)."""
-    argv = smoke_args(setting["tmp"], setting["corpus"], f"--run.root={root}", "--model.arch.n_layer=2",
+    argv = smoke_args(setting["corpus"], f"--run.root={root}", "--model.arch.n_layer=2",
                       "--model.arch.dropout=0.1", "--trainer.max_steps=22", "--trainer.accumulate_grad_batches=2",
                       "--run.checkpoint_every=10", "--trainer.val_check_interval=1000", "--trainer.devices=2",
                       "--trainer.strategy=ddp", *extra)  # fmt: skip

@@ -9,7 +9,7 @@ import pytest
 
 from resnorm_lm.data import DataCache, DataError
 from resnorm_lm.data.corpora.shakespeare import fetch_archive
-from tests.smoke import resnorm_lm_process, smoke_args, write_corpus
+from tests.smoke import resnorm_lm_process, smoke_args
 
 # Lightning's litlogger advertisement, torch's LeafSpec deprecation raised inside Lightning, pip's chatter, and
 # Lightning's notice on saving a checkpoint without saying whether it is weights-only (alarming after a
@@ -18,11 +18,10 @@ NOISE = ("Tip: For seamless", "LeafSpec", "Looking in indexes", "Looking in link
          "`weights_only` was not set")  # fmt: skip
 
 
-def test_fit_prints_no_library_noise(tmp_path):
+def test_fit_prints_no_library_noise(tmp_path, smoke_corpus):
     """Lightning's litlogger advertisement and its _pytree deprecation warning are gone; the run's own lines stay."""
     args = smoke_args(
-        tmp_path,
-        write_corpus(tmp_path / "corpus"),
+        smoke_corpus,
         "--trainer.max_steps=2",
         f"--run.root={tmp_path}",
         "--run.checkpoint_every=5",
