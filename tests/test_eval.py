@@ -14,7 +14,7 @@ from resnorm_lm.analysis.eval_records import eval_precisions, evaluated
 from resnorm_lm.analysis.evaluate import eval_precision, format_tables
 from resnorm_lm.analysis.report import markdown_report
 from resnorm_lm.cli import main
-from tests.smoke import resnorm_lm_process, run_cli, smoke_args, write_corpus
+from tests.smoke import resnorm_lm_process, run_cli, run_cli_captured, smoke_args, write_corpus
 
 
 @pytest.fixture(scope="module")
@@ -147,15 +147,17 @@ def test_generate_streams_a_deterministic_sample_for_each_backend(trained, capsy
 def test_compare_trains_missing_resumes_unfinished_and_reuses_finished(tmp_path, smoke_corpus):
     root, results = tmp_path / "runs", tmp_path / "results"
     train_args = f"--data.corpus=text --data.files=[{smoke_corpus}] --trainer.enable_progress_bar=false"
-    # an unfinished run: stopped at step 3 of 6
+    # an unfinished run (stopped at step 3 of 6) and two finished ones, in the directories compare gives them
     assert run_cli(smoke_args(smoke_corpus, f"--run.root={root}", "--run.stop_after_steps=3",
                               recipe="postnorm-12l")) == 0  # fmt: skip
+    for seed in (1, 2):
+        assert run_cli(smoke_args(smoke_corpus, f"--run.root={root}", f"--seed_everything={seed}")) == 0
     args = ["compare", "--recipes", "prenorm-12l", "postnorm-12l", "--profile", "smoke", "--seeds", "1", "2",
             "--root", str(root), "--results", str(results), f"--train-args={train_args}"]  # fmt: skip
-    proc = resnorm_lm_process(args, timeout=600)
+    proc = run_cli_captured(args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resuming postnorm-12l (smoke, recipe lr, warmup of the recipe, seed 1)" in proc.stdout
-    assert proc.stdout.count("compare: training") == 3
+    assert proc.stdout.count("compare: training") == 1 and "training postnorm-12l" in proc.stdout  # seed 2
     table = (results / "smoke" / "compare.md").read_text()
     assert "| prenorm-12l | - | - | 2 |" in table and "| postnorm-12l |" in table and " ± " in table
     assert "| eval precision | status |" in table and "| 32-true |" in table  # the smoke runs trained in fp32
@@ -163,7 +165,7 @@ def test_compare_trains_missing_resumes_unfinished_and_reuses_finished(tmp_path,
     assert rows[0].startswith("recipe,") and "eval_precision" in rows[0] and len(rows) == 3
     assert (results / "smoke" / "loss_curves.png").stat().st_size > 10_000
     assert (results / "smoke" / "grad_norms.png").stat().st_size > 10_000
-    again = resnorm_lm_process(args, timeout=600)
+    again = run_cli_captured(args)
     assert again.returncode == 0 and "compare: training" not in again.stdout and "resuming" not in again.stdout
 
 

@@ -27,6 +27,7 @@ from tests.smoke import (
     final_weights,
     resnorm_lm_process,
     run_cli,
+    run_cli_captured,
     smoke_args,
     train_losses,
     write_corpus,
@@ -37,11 +38,22 @@ COMMON = ["--model.arch.dropout=0.1", f"--trainer.max_steps={TOTAL}", "--run.che
           "--trainer.val_check_interval=2"]  # fmt: skip
 
 
-def fit_process(corpus: str, root: Path, *extra: str, fault: str = "", timeout: int = 300, **env: str):
+def fault_args(corpus: str, root: Path, *extra: str, fault: str = "") -> list[str]:
     args = smoke_args(corpus, f"--run.root={root}", *COMMON, *extra)
-    if fault:
-        args.append("--trainer.callbacks+=tests.fault_probe.FaultProbe")
-    return resnorm_lm_process(args, timeout=timeout, RESNORM_LM_FAULT=fault, **env)
+    return [*args, "--trainer.callbacks+=tests.fault_probe.FaultProbe"] if fault else args
+
+
+def fit_process(corpus: str, root: Path, *extra: str, fault: str = "", timeout: int = 300, **env: str):
+    """A fit in its own process: for the faults that end a process (SIGKILL, a second SIGTERM, a dead rank) and
+    for DDP."""
+    return resnorm_lm_process(fault_args(corpus, root, *extra, fault=fault), timeout, RESNORM_LM_FAULT=fault, **env)
+
+
+def fit_here(monkeypatch, corpus: str, root: Path, *extra: str, fault: str = ""):
+    """A fit in this process, for the faults a run survives: a SIGTERM (the run's handler saves and returns 143)
+    or a NaN loss."""
+    monkeypatch.setenv("RESNORM_LM_FAULT", fault)
+    return run_cli_captured(fault_args(corpus, root, *extra, fault=fault))
 
 
 @pytest.fixture(scope="module")
@@ -91,9 +103,9 @@ def validated_steps(run_dir: Path) -> list[int]:
 
 
 @pytest.mark.parametrize("fault, step", [("sigterm:3", 3), ("sigterm_validation:2", 2)], ids=["step", "validation"])
-def test_sigterm_saves_records_and_exits_at_once_then_resumes_exactly(baseline, tmp_path, fault, step):
+def test_sigterm_saves_records_and_exits_at_once_then_resumes_exactly(baseline, tmp_path, monkeypatch, fault, step):
     corpus, root = baseline["corpus"], tmp_path / "runs"
-    stopped = fit_process(corpus, root, "--run.checkpoint_every=100", "--run.sample_tokens=20", fault=fault)
+    stopped = fit_here(monkeypatch, corpus, root, "--run.checkpoint_every=100", "--run.sample_tokens=20", fault=fault)
     assert stopped.returncode == 143, stopped.stderr[-2000:]
     assert "SIGTERM: saved" in stopped.stdout and "preempted=True" in stopped.stdout
     assert "SAMPLE" not in stopped.stdout  # no end-of-run sample, and no end-of-run validation:
@@ -104,16 +116,16 @@ def test_sigterm_saves_records_and_exits_at_once_then_resumes_exactly(baseline, 
     assert json.loads((run_dir / "manifest.json").read_text())["ended"]["preempted"] is True
     summary = json.loads((run_dir / "eval.json").read_text())
     assert summary["preempted"] is True and summary["finished"] is False and summary["val_loss"] is None
-    resumed = fit_process(corpus, root, "--run.checkpoint_every=100", "--ckpt_path=last")
+    resumed = fit_here(monkeypatch, corpus, root, "--run.checkpoint_every=100", "--ckpt_path=last")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert json.loads((run_dir / "eval.json").read_text())["finished"] is True
     assert_same_as_baseline(baseline, run_dir)
 
 
-def test_a_run_preempted_before_its_first_periodic_checkpoint_resumes_into_last_ckpt(baseline, tmp_path):
+def test_a_run_preempted_before_its_first_periodic_checkpoint_resumes_into_last_ckpt(baseline, tmp_path, monkeypatch):
     corpus, root = baseline["corpus"], tmp_path / "runs"
-    assert fit_process(corpus, root, "--run.checkpoint_every=3", fault="sigterm:2").returncode == 143
-    resumed = fit_process(corpus, root, "--run.checkpoint_every=3", "--ckpt_path=last")
+    assert fit_here(monkeypatch, corpus, root, "--run.checkpoint_every=3", fault="sigterm:2").returncode == 143
+    resumed = fit_here(monkeypatch, corpus, root, "--run.checkpoint_every=3", "--ckpt_path=last")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     checkpoints = root / "prenorm-12l" / "smoke-seed1" / "checkpoints"
     assert not list(checkpoints.glob("last-v*.ckpt"))  # once seen: last-v1.ckpt written, last.ckpt left at step 2
@@ -242,14 +254,14 @@ def test_skip_mode_counts_skipped_steps(baseline, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("verdict", ["host", "device"])
-def test_resume_after_a_skipped_bad_step_is_exact(baseline, tmp_path, verdict):
+def test_resume_after_a_skipped_bad_step_is_exact(baseline, tmp_path, monkeypatch, verdict):
     corpus = baseline["corpus"]
     skip = ["--model.divergence.on_bad_step=skip", f"--model.divergence.verdict={verdict}"]
-    straight = fit_process(corpus, tmp_path / "straight", *skip, fault="nan:2")
+    straight = fit_here(monkeypatch, corpus, tmp_path / "straight", *skip, fault="nan:2")
     assert straight.returncode == 0, straight.stderr[-2000:]
     root = tmp_path / "interrupted"
-    assert fit_process(corpus, root, *skip, "--run.stop_after_steps=4", fault="nan:2").returncode == 0
-    resumed = fit_process(corpus, root, *skip, "--ckpt_path=last", fault="nan:2")
+    assert fit_here(monkeypatch, corpus, root, *skip, "--run.stop_after_steps=4", fault="nan:2").returncode == 0
+    resumed = fit_here(monkeypatch, corpus, root, *skip, "--ckpt_path=last", fault="nan:2")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     expected, run_dir = tmp_path / "straight" / "prenorm-12l" / "smoke-seed1", root / "prenorm-12l" / "smoke-seed1"
     assert json.loads((run_dir / "eval.json").read_text())["skipped_steps"] == 1

@@ -28,7 +28,7 @@ from resnorm_lm.analysis.sweep import (
 )
 from resnorm_lm.data.unigram import unigram_cross_entropy
 from resnorm_lm.model.gpt import GPT, GPTConfig
-from tests.smoke import REPO, run_cli, tiny_sweep, write_learnable_corpus
+from tests.smoke import REPO, TINY_SWEEP_STEPS, run_cli, tiny_sweep, write_learnable_corpus
 
 
 def outcomes(recipe: str, table: dict[tuple[float, int], list[float | None]]) -> list[RunOutcome]:
@@ -191,8 +191,8 @@ def test_untied_embeddings_have_their_own_head():
 
 def test_a_tiny_sweep_interrupted_then_finished_picks_on_validation_and_tests_only_the_pick(tmp_path):
     corpus = write_learnable_corpus(tmp_path / "corpus")
-    # interrupted: every grid run stops at step 30 of 100 (as if the machine went away)
-    first = tiny_sweep(tmp_path, corpus, train_args="--run.stop_after_steps=30")
+    # interrupted: every grid run stops a third of the way (as if the machine went away)
+    first = tiny_sweep(tmp_path, corpus, train_args=f"--run.stop_after_steps={TINY_SWEEP_STEPS // 3}")
     assert first.returncode == 1, first.stderr[-3000:]
     assert "compare: grid: 2 runs, 0 finished, 2 to train" in first.stdout
     assert "no finished runs to compare" in first.stderr
@@ -206,7 +206,7 @@ def test_a_tiny_sweep_interrupted_then_finished_picks_on_validation_and_tests_on
     best = min(grid, key=lambda g: float(g["val_loss_mean"]))
     assert best["chosen"] == "True" and float(best["lr"]) == 3e-3
     stuck = next(g for g in grid if float(g["lr"]) == 1e-5)
-    assert stuck["status"].startswith("not learning")  # lr 1e-5 for 100 steps stays at the unigram level
+    assert stuck["status"].startswith("not learning")  # lr 1e-5 for so few steps stays at the unigram level
     table = list(csv.DictReader((tmp_path / "results" / "smoke" / "compare.csv").open()))
     assert len(table) == 1 and float(table[0]["lr"]) == 3e-3 and table[0]["n_seeds"] == "2"
     assert table[0]["status"] == "ok" and float(table[0]["val_loss_mean"]) < float(table[0]["unigram_loss"]) - 0.1
@@ -224,7 +224,7 @@ def test_a_tiny_sweep_interrupted_then_finished_picks_on_validation_and_tests_on
     for plot in ("lr_sensitivity.png", "loss_curves.png", "grad_norms.png", "clipping.png", "stream_rms.png"):
         assert (tmp_path / "results" / "smoke" / plot).stat().st_size > 10_000, plot
     at_pick = [json.loads((runs / f"smoke-lr0.003-wu2-seed{k}/eval.json").read_text())["clip"] for k in (1, 2)]
-    assert all(c["steps"] == 100 and c["max_norm"] == 1.0 for c in at_pick)
+    assert all(c["steps"] == TINY_SWEEP_STEPS and c["max_norm"] == 1.0 for c in at_pick)
     assert float(best["clipped_mean"]) == pytest.approx(sum(c["clipped_fraction"] for c in at_pick) / 2)
     third = tiny_sweep(tmp_path, corpus)  # everything finished: nothing trained or evaluated again
     assert third.returncode == 0 and "compare: training" not in third.stdout and "resuming" not in third.stdout
