@@ -1,4 +1,5 @@
-"""Test set-up: CPU only, deterministic, the Triton interpreter on before any kernel import."""
+"""Test set-up: CPU only, deterministic, the Triton interpreter on before any kernel import; the session's data cache,
+its training corpus and its smoke runs of each recipe, shared by the tests that only read them."""
 
 import os
 
@@ -11,19 +12,50 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 # (exact resume) fail at random. Conditional Numerical Reproducibility, strict: the same bits on one CPU.
 os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
+from pathlib import Path  # noqa: E402
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from tests.smoke import run_cli_captured, smoke_args, write_corpus  # noqa: E402
+
 
 @pytest.fixture(autouse=True, scope="session")
-def _private_cache(tmp_path_factory):
-    """No test writes to the user's cache (``precision: auto`` keeps its probe there): a session-wide one instead.
+def data_cache(tmp_path_factory) -> Path:
+    """No test writes to the user's cache (``precision: auto`` keeps its probe there): one for the session, which
+    subprocesses inherit. Prepared data is keyed by its corpus files (paths, sizes, times) and settings, so the
+    runs on ``smoke_corpus`` prepare each setting's tokenizer and token bins once and share them, read-only.
 
-    Tests that need their own cache set RESNORM_LM_CACHE themselves; subprocesses inherit this one.
+    Tests that need a cache of their own set RESNORM_LM_CACHE, or pass ``data.cache_dir``, themselves.
     """
+    cache = tmp_path_factory.mktemp("resnorm-lm-cache")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("RESNORM_LM_CACHE", str(tmp_path_factory.mktemp("resnorm-lm-cache")))
-        yield
+        mp.setenv("RESNORM_LM_CACHE", str(cache))
+        yield cache
+
+
+@pytest.fixture(scope="session")
+def smoke_corpus(tmp_path_factory) -> str:
+    """The training tests' corpus (tests/smoke.py's ``write_corpus``), written once: a glob for ``data.files``.
+    Read-only: a test that changes text copies it first."""
+    return write_corpus(tmp_path_factory.mktemp("smoke-corpus"))
+
+
+@pytest.fixture(scope="session")
+def recipe_run(tmp_path_factory, smoke_corpus):
+    """``recipe_run(recipe)``: the run directory of ``recipe`` trained 2 steps on the smoke profile, trained on
+    the first request and shared by the session's tests, which only read it."""
+    root, runs = tmp_path_factory.mktemp("recipe-runs"), {}
+
+    def run(recipe: str) -> Path:
+        if recipe not in runs:
+            done = run_cli_captured(smoke_args(smoke_corpus, f"--run.root={root}", "--trainer.max_steps=2",
+                                               "--trainer.val_check_interval=2", recipe=recipe))  # fmt: skip
+            assert done.returncode == 0, f"{recipe}: exit {done.returncode}\n{done.stderr[-2000:]}"
+            runs[recipe] = root / recipe / "smoke-seed1"
+        return runs[recipe]
+
+    return run
 
 
 @pytest.fixture(autouse=True)

@@ -1,10 +1,12 @@
-"""Plain reference implementations of each norm, written from the formulas.
+"""Plain reference implementations of each norm, written from the formulas, and the reference of a norm module.
 
 They compute in ``dtype`` (fp64 by default: the exact side of a comparison; fp32 for the noise
 floor of a plain fp32 path) and return that dtype.
 """
 
 import torch
+
+from resnorm_lm.model.norms import DynamicTanh, LayerNorm, NoNorm, RMSNorm, ScaleNorm, build_norm
 
 F64 = torch.float64
 
@@ -30,3 +32,25 @@ def scalenorm(x, gain, eps, dtype=F64):
 def dyt(x, alpha, weight, bias, dtype=F64):
     y = weight.to(dtype) * torch.tanh(alpha.to(dtype) * x.to(dtype))
     return y + bias.to(dtype) if bias is not None else y
+
+
+def reference(norm, x, dtype=F64):
+    """The plain-formula output of ``norm`` with the module's own parameters, computed in ``dtype``."""
+    if isinstance(norm, LayerNorm):
+        return layernorm(x, norm.weight, norm.bias, norm.eps, dtype)
+    if isinstance(norm, RMSNorm):
+        return rmsnorm(x, norm.weight, norm.eps, dtype)
+    if isinstance(norm, ScaleNorm):
+        return scalenorm(x, norm.gain, norm.eps, dtype)
+    if isinstance(norm, DynamicTanh):
+        return dyt(x, norm.alpha, norm.weight, norm.bias, dtype)
+    if isinstance(norm, NoNorm):
+        return x.to(dtype)
+    raise AssertionError(f"no reference for {type(norm).__name__}")
+
+
+def fp64_twin(norm, name, dim, bias):
+    """A fp64 copy of ``norm`` with the same (already rounded) parameter values, for the exact side."""
+    twin = build_norm(name, dim, bias=bias).double()
+    twin.load_state_dict({k: v.double() for k, v in norm.state_dict().items()})
+    return twin

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.train_helpers import run_cli, smoke_args, write_corpus
+from tests.smoke import run_cli, smoke_args
 
 NUMBERS = [
     ("--trainer.max_steps=-5", "trainer.max_steps=-5: the optimizer steps"),
@@ -54,31 +54,27 @@ NUMBERS = [
 ]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    return write_corpus(tmp_path_factory.mktemp("corpus"))
-
-
 def assert_clear_refusal(code: int, err: str, said: str) -> None:
     assert code == 2, err[-2000:]
     assert said in err and "Traceback" not in err, err[-2000:]
 
 
 @pytest.mark.parametrize("override, said", NUMBERS, ids=[n for n, _ in NUMBERS])
-def test_every_numeric_option_out_of_range_is_refused_before_any_work(tmp_path, corpus, capsys, override, said):
-    root = tmp_path / "runs"
-    code = run_cli(smoke_args(tmp_path, corpus, f"--run.root={root}", override))
+def test_every_numeric_option_out_of_range_is_refused_before_any_work(tmp_path, smoke_corpus, capsys, override,
+                                                                      said):  # fmt: skip
+    root, cache = tmp_path / "runs", tmp_path / "cache"
+    code = run_cli(smoke_args(smoke_corpus, f"--run.root={root}", override, cache_dir=cache))
     assert_clear_refusal(code, capsys.readouterr().err, said)
-    assert not root.exists() and not (tmp_path / "cache").exists()  # nothing prepared, nothing written
+    assert not root.exists() and not cache.exists()  # nothing prepared, nothing written
 
 
-def test_the_gpu_profile_without_cuda_says_what_to_use(tmp_path, corpus, capsys):
-    args = smoke_args(tmp_path, corpus, f"--run.root={tmp_path / 'runs'}")
+def test_the_gpu_profile_without_cuda_says_what_to_use(tmp_path, smoke_corpus, capsys):
+    args = smoke_args(smoke_corpus, f"--run.root={tmp_path / 'runs'}")
     args[args.index("--profile") + 1] = "gpu"
     assert_clear_refusal(run_cli(args), capsys.readouterr().err, "use PROFILE=cpu, or PROFILE=auto")
 
 
-def test_bad_paths_and_text_that_is_not_utf8_are_refused(tmp_path, corpus, capsys):
+def test_bad_paths_and_text_that_is_not_utf8_are_refused(tmp_path, smoke_corpus, capsys):
     latin1 = tmp_path / "latin1"
     latin1.mkdir()
     for i in range(4):
@@ -89,13 +85,13 @@ def test_bad_paths_and_text_that_is_not_utf8_are_refused(tmp_path, corpus, capsy
         (str(tmp_path / "missing" / "*.txt"), [], "no file matches"),
         (str(latin1), [], "is a folder; give its files"),
         (str(latin1 / "*.txt"), [], "is not UTF-8 text (byte 0xe9 at offset 3); convert it first"),
-        (corpus, [f"--data.cache_dir={a_file}"], "is a file, not a folder"),
-        (corpus, [f"--run.root={a_file}"], "cannot write the run directory"),
-        (corpus, [f"--ckpt_path={tmp_path / 'missing.ckpt'}"], "does not exist"),
-        (corpus, [f"--ckpt_path={tmp_path}"], "is a directory, not a checkpoint: give a .ckpt file, or `last`"),
+        (smoke_corpus, [f"--data.cache_dir={a_file}"], "is a file, not a folder"),
+        (smoke_corpus, [f"--run.root={a_file}"], "cannot write the run directory"),
+        (smoke_corpus, [f"--ckpt_path={tmp_path / 'missing.ckpt'}"], "does not exist"),
+        (smoke_corpus, [f"--ckpt_path={tmp_path}"], "is a directory, not a checkpoint: give a .ckpt file, or `last`"),
     ]
     for files, extra, said in cases:
-        code = run_cli(smoke_args(tmp_path, files, f"--run.root={tmp_path / 'runs'}", *extra))
+        code = run_cli(smoke_args(files, f"--run.root={tmp_path / 'runs'}", *extra))
         assert_clear_refusal(code, capsys.readouterr().err, said)
 
 

@@ -17,7 +17,7 @@ from resnorm_lm.train.checkpoint_io import (
     UnsafeCheckpointError,
     read_checkpoint_file,
 )
-from tests.train_helpers import run_cli, smoke_args, write_corpus
+from tests.smoke import run_cli, smoke_args
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -86,22 +86,17 @@ def test_lightnings_loader_reads_as_data_even_when_asked_not_to(payload, tmp_pat
     assert not payload.marker.exists()
 
 
-@pytest.fixture
-def corpus(tmp_path):
-    return write_corpus(tmp_path / "corpus")
-
-
-def test_fit_refuses_a_payload_given_as_ckpt_path(payload, tmp_path, corpus, capsys):
+def test_fit_refuses_a_payload_given_as_ckpt_path(payload, tmp_path, smoke_corpus, capsys):
     evil = payload(tmp_path / "shared" / "evil.ckpt")
-    code = run_cli(smoke_args(tmp_path, corpus, f"--run.root={tmp_path / 'runs'}", f"--ckpt_path={evil}"))
+    code = run_cli(smoke_args(smoke_corpus, f"--run.root={tmp_path / 'runs'}", f"--ckpt_path={evil}"))
     assert code == 2
     assert_refused_without_running(capsys.readouterr().err, payload.marker)
 
 
-def test_resume_last_refuses_a_payload_planted_as_last_ckpt(payload, tmp_path, corpus, capsys):
+def test_resume_last_refuses_a_payload_planted_as_last_ckpt(payload, tmp_path, smoke_corpus, capsys):
     root = tmp_path / "runs"
     payload(root / "prenorm-12l" / "smoke-seed1" / "checkpoints" / "last.ckpt")
-    assert run_cli(smoke_args(tmp_path, corpus, f"--run.root={root}", "--ckpt_path=last")) == 2
+    assert run_cli(smoke_args(smoke_corpus, f"--run.root={root}", "--ckpt_path=last")) == 2
     assert_refused_without_running(capsys.readouterr().err, payload.marker)
 
 
@@ -158,12 +153,13 @@ VARIANTS = {
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_every_checkpoint_the_project_writes_loads_for_resume_eval_and_generate(tmp_path, corpus, capsys, variant):
+def test_every_checkpoint_the_project_writes_loads_for_resume_eval_and_generate(tmp_path, smoke_corpus, capsys,
+                                                                                variant):  # fmt: skip
     from resnorm_lm.cli import main
 
     profile = "cpu" if variant == "cpu" else "smoke"
     root = tmp_path / "runs"
-    args = smoke_args(tmp_path, corpus, f"--run.root={root}", "--trainer.max_steps=4", *VARIANTS[variant])
+    args = smoke_args(smoke_corpus, f"--run.root={root}", "--trainer.max_steps=4", *VARIANTS[variant])
     args[args.index("--profile") + 1] = profile
     assert run_cli([*args, "--run.stop_after_steps=2"]) == 0
     run_dir = root / "prenorm-12l" / f"{profile}-seed1"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from resnorm_lm.train.clipping import ClipRecord
-from tests.train_helpers import run_cli, smoke_args, write_corpus
+from tests.smoke import run_cli, smoke_args
 
 
 def grads_of_norm(norm: float) -> list[torch.Tensor]:
@@ -37,9 +37,8 @@ def test_the_record_counts_the_steps_where_the_bound_binds_and_clips_as_torch_do
 
 
 @pytest.mark.parametrize("clip, fraction", [(1e-4, 1.0), (1e6, 0.0)])
-def test_a_run_records_how_often_its_clip_bound(tmp_path, clip, fraction):
-    corpus = write_corpus(tmp_path / "corpus")
-    args = smoke_args(tmp_path, corpus, f"--run.root={tmp_path / 'runs'}", f"--trainer.gradient_clip_val={clip}",
+def test_a_run_records_how_often_its_clip_bound(tmp_path, smoke_corpus, clip, fraction):
+    args = smoke_args(smoke_corpus, f"--run.root={tmp_path / 'runs'}", f"--trainer.gradient_clip_val={clip}",
                       "--trainer.max_steps=4")  # fmt: skip
     assert run_cli(args) == 0
     run_dir = tmp_path / "runs/prenorm-12l/smoke-seed1"
@@ -50,9 +49,8 @@ def test_a_run_records_how_often_its_clip_bound(tmp_path, clip, fraction):
     assert bound == [fraction] * 4  # the smoke profile logs every step
 
 
-def test_without_clipping_nothing_is_counted(tmp_path):
-    corpus = write_corpus(tmp_path / "corpus")
-    args = smoke_args(tmp_path, corpus, f"--run.root={tmp_path / 'runs'}", "--trainer.gradient_clip_val=0",
+def test_without_clipping_nothing_is_counted(tmp_path, smoke_corpus):
+    args = smoke_args(smoke_corpus, f"--run.root={tmp_path / 'runs'}", "--trainer.gradient_clip_val=0",
                       "--trainer.max_steps=2")  # fmt: skip
     assert run_cli(args) == 0
     assert json.loads((tmp_path / "runs/prenorm-12l/smoke-seed1/eval.json").read_text())["clip"] is None

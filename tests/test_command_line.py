@@ -9,7 +9,7 @@ import pytest
 
 from resnorm_lm.cli import TOOLS
 from resnorm_lm.train.lightning_cli import ResnormCLI
-from tests.train_helpers import run_cli
+from tests.smoke import run_cli
 
 LIGHTNING_COMMANDS = ("fit", "validate", "test")  # LightningCLI's predict needs a predict_step the model lacks
 

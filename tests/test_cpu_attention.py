@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import resnorm_lm.model.loss as loss_module
 import resnorm_lm.train.cpu_attention as cpu_attention
 from resnorm_lm.model.gpt import CPU_SDPA_BACKENDS, GPT, CausalSelfAttention, GPTConfig, use_cpu_sdpa_backend
-from tests.train_helpers import run_cli, smoke_args, write_corpus
+from tests.smoke import run_cli, smoke_args
 
 
 @pytest.fixture(autouse=True)
@@ -128,11 +128,13 @@ def test_the_real_probe_measures_both_backends_and_restores_the_thread_count():
     assert torch.get_num_threads() == threads
 
 
-def test_a_run_says_and_records_its_attention_kernel_and_compile_setting(tmp_path, capsys, monkeypatch, cache):
+def test_a_run_says_and_records_its_attention_kernel_and_compile_setting(tmp_path, capsys, monkeypatch, cache,
+                                                                         smoke_corpus, data_cache):  # fmt: skip
     pretend_measure(monkeypatch, flash_ms=3.0, math_ms=5.0)
-    corpus = write_corpus(tmp_path / "corpus")
     root = tmp_path / "runs"
-    args = smoke_args(tmp_path, corpus, f"--run.root={root}", "--trainer.precision=32-true", "--trainer.max_steps=2")
+    args = smoke_args(
+        smoke_corpus, f"--run.root={root}", "--trainer.precision=32-true", "--trainer.max_steps=2", cache_dir=data_cache
+    )  # the session's prepared data; the attention probe in this test's cache
     assert run_cli(args) == 0
     err = capsys.readouterr().err
     assert "resnorm-lm: attention on CPU in fp32: SDPA's flash backend (5.0 ms math, 3.0 ms flash" in err

@@ -14,7 +14,7 @@ from resnorm_lm.data.__main__ import main
 from resnorm_lm.data.corpora import SPLITS, normalize_document
 from resnorm_lm.data.corpora.hub import HubCorpus, WikiText2, group_wikitext_articles
 from resnorm_lm.train.lightning_module import data_identity, identity_differences
-from tests.data_fixtures import make_documents, write_documents
+from tests.smoke import make_documents, write_documents
 
 
 @pytest.fixture

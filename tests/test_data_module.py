@@ -10,7 +10,7 @@ import torch
 
 from resnorm_lm.data import TextDataModule
 from resnorm_lm.targets import IGNORE_INDEX
-from tests.data_fixtures import make_documents, write_documents
+from tests.smoke import make_documents, write_documents
 
 VOCAB, BLOCK, BATCH = 400, 32, 4
 

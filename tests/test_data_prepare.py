@@ -21,7 +21,7 @@ from resnorm_lm.data.__main__ import main
 from resnorm_lm.data.bins import choose_dtype
 from resnorm_lm.data.corpora import normalize_document
 from resnorm_lm.data.tokenizer import load_or_train
-from tests.data_fixtures import make_documents, write_documents
+from tests.smoke import make_documents, write_documents
 
 VOCAB = 400
 

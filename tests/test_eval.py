@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,31 +14,29 @@ from resnorm_lm.analysis.eval_records import eval_precisions, evaluated
 from resnorm_lm.analysis.evaluate import eval_precision, format_tables
 from resnorm_lm.analysis.report import markdown_report
 from resnorm_lm.cli import main
-from tests.train_helpers import run_cli, smoke_args, write_corpus
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.smoke import resnorm_lm_process, run_cli, run_cli_captured, smoke_args, write_corpus
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(tmp_path_factory, smoke_corpus):
     """Two finished smoke runs (prenorm, postnorm-triton), one with another vocabulary, one on another text."""
     tmp = tmp_path_factory.mktemp("trained")
-    corpus = write_corpus(tmp / "corpus")
     root = tmp / "runs"
     for recipe in ("prenorm-12l", "postnorm-12l-triton"):
-        assert run_cli(smoke_args(tmp, corpus, f"--run.root={root}", recipe=recipe)) == 0
-    assert run_cli(smoke_args(tmp, corpus, f"--run.root={tmp / 'other'}", "--data.vocab_size=300")) == 0
+        assert run_cli(smoke_args(smoke_corpus, f"--run.root={root}", recipe=recipe)) == 0
+    assert run_cli(smoke_args(smoke_corpus, f"--run.root={tmp / 'other'}", "--data.vocab_size=300")) == 0
     other_corpus = write_corpus(tmp / "corpus2", seed=1)
-    assert run_cli(smoke_args(tmp, other_corpus, f"--run.root={tmp / 'other_text'}")) == 0
-    return {"tmp": tmp, "corpus": corpus, "root": root,
+    assert run_cli(smoke_args(other_corpus, f"--run.root={tmp / 'other_text'}")) == 0
+    return {"tmp": tmp, "corpus": smoke_corpus, "root": root,
             "pre": root / "prenorm-12l" / "smoke-seed1", "post": root / "postnorm-12l-triton" / "smoke-seed1",
             "other_vocab": tmp / "other" / "prenorm-12l" / "smoke-seed1",
             "other_text": tmp / "other_text" / "prenorm-12l" / "smoke-seed1"}  # fmt: skip
 
 
-def copied_run(trained, dest: Path, files: str | None = None, precision: str | None = None) -> Path:
-    """A copy of the prenorm run; its checkpoint may name other text files or another training precision."""
-    shutil.copytree(trained["pre"], dest)
+def copied_run(trained, dest: Path, run: str = "pre", files: str | None = None, precision: str | None = None) -> Path:
+    """A copy of a trained run (the prenorm one by default) for a test to evaluate, so that no test reads what
+    another's evaluation wrote into eval.json; its checkpoint may name other text files or another precision."""
+    shutil.copytree(trained[run], dest)
     ckpt = dest / "checkpoints" / "last.ckpt"
     state = torch.load(ckpt, weights_only=True)
     if files is not None:
@@ -52,11 +47,12 @@ def copied_run(trained, dest: Path, files: str | None = None, precision: str | N
     return dest
 
 
-def test_eval_counts_every_token_once_and_records_it(trained, capsys):
-    assert main(["eval", str(trained["pre"]), str(trained["post"])]) == 0
+def test_eval_counts_every_token_once_and_records_it(trained, tmp_path, capsys):
+    pre, post = copied_run(trained, tmp_path / "pre"), copied_run(trained, tmp_path / "post", run="post")
+    assert main(["eval", str(pre), str(post)]) == 0
     out = capsys.readouterr().out
     assert "| run | step |" in out and "validation_ppl" in out and "test_bpb" in out
-    summary = json.loads((trained["pre"] / "eval.json").read_text())["eval"]
+    summary = json.loads((pre / "eval.json").read_text())["eval"]
     for split in ("validation", "test"):
         metrics = summary[split]
         assert metrics["targets"] == metrics["tokens"] - 1  # every token but the first is predicted once
@@ -65,15 +61,21 @@ def test_eval_counts_every_token_once_and_records_it(trained, capsys):
     assert summary["step"] == 6
 
 
-def test_eval_is_deterministic(trained, capsys):
-    main(["eval", str(trained["pre"]), "--split", "validation"])
-    first = json.loads((trained["pre"] / "eval.json").read_text())["eval"]["validation"]["loss"]
-    main(["eval", str(trained["pre"]), "--split", "validation"])
-    assert json.loads((trained["pre"] / "eval.json").read_text())["eval"]["validation"]["loss"] == first
+def validation_loss(run: Path) -> float:
+    return json.loads((run / "eval.json").read_text())["eval"]["validation"]["loss"]
 
 
-def test_runs_with_different_tokenizers_on_one_text_keep_bpb_and_word_ppl(trained, capsys):
-    assert main(["eval", str(trained["pre"]), str(trained["other_vocab"]), "--split", "validation"]) == 0
+def test_eval_is_deterministic(trained, tmp_path):
+    run = copied_run(trained, tmp_path / "run")
+    assert main(["eval", str(run), "--split", "validation"]) == 0
+    first = validation_loss(run)
+    assert main(["eval", str(run), "--split", "validation"]) == 0
+    assert validation_loss(run) == first
+
+
+def test_runs_with_different_tokenizers_on_one_text_keep_bpb_and_word_ppl(trained, tmp_path, capsys):
+    runs = [copied_run(trained, tmp_path / name, run=name) for name in ("pre", "other_vocab")]
+    assert main(["eval", *map(str, runs), "--split", "validation"]) == 0
     out = capsys.readouterr().out
     assert "use 2 tokenizers: token-level perplexity counts different tokens" in out
     header = next(line for line in out.splitlines() if line.startswith("| run |"))
@@ -81,17 +83,17 @@ def test_runs_with_different_tokenizers_on_one_text_keep_bpb_and_word_ppl(traine
     assert out.count("| run |") == 1  # one text: one table, both runs ranked in it
 
 
-def test_runs_on_different_texts_are_ranked_only_within_their_own_text(trained, capsys):
-    runs = [str(trained["pre"]), str(trained["other_text"]), str(trained["post"])]
-    assert main(["eval", *runs, "--split", "validation"]) == 0
+def test_runs_on_different_texts_are_ranked_only_within_their_own_text(trained, tmp_path, capsys):
+    pre, other_text, post = (str(copied_run(trained, tmp_path / n, run=n)) for n in ("pre", "other_text", "post"))
+    assert main(["eval", pre, other_text, post, "--split", "validation"]) == 0
     out = capsys.readouterr().out
     assert "evaluated on 2 different texts" in out and "not ranked against each other" in out
     tables = out.split("corpus text (fingerprint ")[1:]
     assert len(tables) == 2 and out.count("| run |") == 2
     # one tokenizer within each text: token-level perplexity is kept there
     assert all("validation_ppl" in t and "validation_word_ppl" in t for t in tables)
-    first = next(t for t in tables if str(trained["pre"]) in t)
-    assert str(trained["post"]) in first and str(trained["other_text"]) not in first
+    first = next(t for t in tables if pre in t)
+    assert post in first and other_text not in first
 
 
 def test_the_table_ranks_by_bpb_within_each_text_and_never_across():
@@ -122,18 +124,15 @@ def test_eval_refuses_corrupt_truncated_or_foreign_checkpoints(trained, tmp_path
     assert "not a resnorm-lm checkpoint" in capsys.readouterr().err
 
 
-def test_eval_over_two_ddp_processes_matches_one(trained):
-    single = json.loads((trained["pre"] / "eval.json").read_text())
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, "-m", "resnorm_lm", "eval", str(trained["pre"]), "--devices", "2",
-                           "--split", "validation"], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=240)  # fmt: skip
+def test_eval_over_two_ddp_processes_matches_one(trained, tmp_path):
+    run = copied_run(trained, tmp_path / "run")
+    assert main(["eval", str(run), "--split", "validation"]) == 0
+    single = validation_loss(run)
+    proc = resnorm_lm_process(["eval", str(run), "--devices", "2", "--split", "validation"], timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    both = json.loads((trained["pre"] / "eval.json").read_text())["eval"]["validation"]
-    ref = single["eval"]["validation"] if "eval" in single else None
+    both = json.loads((run / "eval.json").read_text())["eval"]["validation"]
     assert both["targets"] == both["tokens"] - 1  # each target counted once across the two ranks
-    if ref is not None:
-        assert both["loss"] == pytest.approx(ref["loss"], rel=1e-5)
+    assert both["loss"] == pytest.approx(single, rel=1e-5)
 
 
 def test_generate_streams_a_deterministic_sample_for_each_backend(trained, capsys):
@@ -145,21 +144,20 @@ def test_generate_streams_a_deterministic_sample_for_each_backend(trained, capsy
     assert texts[0] == texts[2]  # same seed, same text
 
 
-def test_compare_trains_missing_resumes_unfinished_and_reuses_finished(tmp_path, capsys):
-    corpus = write_corpus(tmp_path / "corpus")
+def test_compare_trains_missing_resumes_unfinished_and_reuses_finished(tmp_path, smoke_corpus):
     root, results = tmp_path / "runs", tmp_path / "results"
-    train_args = f"--data.corpus=text --data.files=[{corpus}] --data.cache_dir={tmp_path / 'cache'} "
-    train_args += "--trainer.enable_progress_bar=false"
-    # an unfinished run: stopped at step 3 of 6
-    assert run_cli(smoke_args(tmp_path, corpus, f"--run.root={root}", "--run.stop_after_steps=3",
+    train_args = f"--data.corpus=text --data.files=[{smoke_corpus}] --trainer.enable_progress_bar=false"
+    # an unfinished run (stopped at step 3 of 6) and two finished ones, in the directories compare gives them
+    assert run_cli(smoke_args(smoke_corpus, f"--run.root={root}", "--run.stop_after_steps=3",
                               recipe="postnorm-12l")) == 0  # fmt: skip
+    for seed in (1, 2):
+        assert run_cli(smoke_args(smoke_corpus, f"--run.root={root}", f"--seed_everything={seed}")) == 0
     args = ["compare", "--recipes", "prenorm-12l", "postnorm-12l", "--profile", "smoke", "--seeds", "1", "2",
             "--root", str(root), "--results", str(results), f"--train-args={train_args}"]  # fmt: skip
-    proc = subprocess.run([sys.executable, "-m", "resnorm_lm", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO)))  # fmt: skip
+    proc = run_cli_captured(args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resuming postnorm-12l (smoke, recipe lr, warmup of the recipe, seed 1)" in proc.stdout
-    assert proc.stdout.count("compare: training") == 3
+    assert proc.stdout.count("compare: training") == 1 and "training postnorm-12l" in proc.stdout  # seed 2
     table = (results / "smoke" / "compare.md").read_text()
     assert "| prenorm-12l | - | - | 2 |" in table and "| postnorm-12l |" in table and " ± " in table
     assert "| eval precision | status |" in table and "| 32-true |" in table  # the smoke runs trained in fp32
@@ -167,8 +165,7 @@ def test_compare_trains_missing_resumes_unfinished_and_reuses_finished(tmp_path,
     assert rows[0].startswith("recipe,") and "eval_precision" in rows[0] and len(rows) == 3
     assert (results / "smoke" / "loss_curves.png").stat().st_size > 10_000
     assert (results / "smoke" / "grad_norms.png").stat().st_size > 10_000
-    again = subprocess.run([sys.executable, "-m", "resnorm_lm", *args], cwd=REPO, capture_output=True, text=True,
-                           timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO)))  # fmt: skip
+    again = run_cli_captured(args)
     assert again.returncode == 0 and "compare: training" not in again.stdout and "resuming" not in again.stdout
 
 
@@ -177,13 +174,13 @@ def test_compare_rejects_unknown_recipes(capsys):
     assert "unknown recipe 'prenorm-99l'" in capsys.readouterr().err
 
 
-def test_eval_and_generate_refuse_a_run_whose_text_corpus_changed(trained, tmp_path, capsys):
+def test_eval_and_generate_refuse_a_run_whose_text_corpus_changed(trained, tmp_path, capsys, data_cache):
     corpus = tmp_path / "corpus"
     shutil.copytree(Path(trained["corpus"]).parent, corpus)
     run = copied_run(trained, tmp_path / "run", files=str(corpus / "*.txt"))
     assert main(["eval", str(run), "--split", "validation"]) == 0  # the same text elsewhere: the same data
     recorded = (run / "eval.json").read_bytes()
-    cache = trained["tmp"] / "cache"
+    cache = data_cache
     cached = {sub: sorted((cache / sub).iterdir()) for sub in ("prepared", "tokenizers")}
     first = sorted(corpus.glob("*.txt"))[0]
     first.write_text(first.read_text() + "A line the run never saw.\n")

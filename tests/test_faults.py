@@ -22,30 +22,47 @@ from resnorm_lm.cli import main
 from resnorm_lm.train.checkpoint_io import AtomicCheckpointIO
 from resnorm_lm.train.divergence import DivergenceConfig, DivergenceGuard
 from resnorm_lm.train.preemption import PreemptOnSigterm
-from tests.train_helpers import final_weights, run_cli, smoke_args, train_losses, write_corpus
+from tests.smoke import (
+    REPO,
+    final_weights,
+    resnorm_lm_process,
+    run_cli,
+    run_cli_captured,
+    smoke_args,
+    train_losses,
+    write_corpus,
+)
 
-REPO = Path(__file__).resolve().parents[1]
 TOTAL = 6
 COMMON = ["--model.arch.dropout=0.1", f"--trainer.max_steps={TOTAL}", "--run.checkpoint_every=1",
           "--trainer.val_check_interval=2"]  # fmt: skip
 
 
-def fit_process(tmp: Path, corpus: str, root: Path, *extra: str, fault: str = "", timeout: int = 300, **env: str):
-    args = smoke_args(tmp, corpus, f"--run.root={root}", *COMMON, *extra)
-    if fault:
-        args.append("--trainer.callbacks+=tests.fault_probe.FaultProbe")
-    env = dict(os.environ, PYTHONPATH=str(REPO), RESNORM_LM_FAULT=fault, **env)
-    return subprocess.run([sys.executable, "-m", "resnorm_lm", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
+def fault_args(corpus: str, root: Path, *extra: str, fault: str = "") -> list[str]:
+    args = smoke_args(corpus, f"--run.root={root}", *COMMON, *extra)
+    return [*args, "--trainer.callbacks+=tests.fault_probe.FaultProbe"] if fault else args
+
+
+def fit_process(corpus: str, root: Path, *extra: str, fault: str = "", timeout: int = 300, **env: str):
+    """A fit in its own process: for the faults that end a process (SIGKILL, a second SIGTERM, a dead rank) and
+    for DDP."""
+    return resnorm_lm_process(fault_args(corpus, root, *extra, fault=fault), timeout, RESNORM_LM_FAULT=fault, **env)
+
+
+def fit_here(monkeypatch, corpus: str, root: Path, *extra: str, fault: str = ""):
+    """A fit in this process, for the faults a run survives: a SIGTERM (the run's handler saves and returns 143)
+    or a NaN loss."""
+    monkeypatch.setenv("RESNORM_LM_FAULT", fault)
+    return run_cli_captured(fault_args(corpus, root, *extra, fault=fault))
 
 
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("faults")
-    corpus = write_corpus(tmp / "corpus")
-    assert run_cli(smoke_args(tmp, corpus, f"--run.root={tmp / 'straight'}", *COMMON)) == 0
-    run_dir = tmp / "straight" / "prenorm-12l" / "smoke-seed1"
-    return {"tmp": tmp, "corpus": corpus, "losses": train_losses(run_dir), "weights": final_weights(run_dir)}
+def baseline(tmp_path_factory, smoke_corpus):
+    """The uninterrupted run the interrupted ones must match, on the session's corpus."""
+    root = tmp_path_factory.mktemp("faults") / "straight"
+    assert run_cli(smoke_args(smoke_corpus, f"--run.root={root}", *COMMON)) == 0
+    run_dir = root / "prenorm-12l" / "smoke-seed1"
+    return {"corpus": smoke_corpus, "losses": train_losses(run_dir), "weights": final_weights(run_dir)}
 
 
 def assert_same_as_baseline(baseline, run_dir: Path) -> None:
@@ -66,15 +83,15 @@ def assert_same_as_baseline(baseline, run_dir: Path) -> None:
     ],
 )
 def test_sigkill_at_any_point_then_resume_last_matches_an_uninterrupted_run(baseline, fault, tmp_path):
-    tmp, corpus, root = baseline["tmp"], baseline["corpus"], tmp_path / "runs"
-    killed = fit_process(tmp, corpus, root, fault=fault)
+    corpus, root = baseline["corpus"], tmp_path / "runs"
+    killed = fit_process(corpus, root, fault=fault)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     run_dir = root / "prenorm-12l" / "smoke-seed1"
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)  # intact: loads
     assert ckpt["global_step"] < TOTAL
     if fault.startswith(("save", "partial")):
         assert list((run_dir / "checkpoints").glob(".tmp-*")), "the killed write should have left its temp file"
-    resumed = fit_process(tmp, corpus, root, "--ckpt_path=last")
+    resumed = fit_process(corpus, root, "--ckpt_path=last")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert not list((run_dir / "checkpoints").glob(".tmp-*"))  # the stale temp file was cleaned up
     assert_same_as_baseline(baseline, run_dir)
@@ -86,9 +103,9 @@ def validated_steps(run_dir: Path) -> list[int]:
 
 
 @pytest.mark.parametrize("fault, step", [("sigterm:3", 3), ("sigterm_validation:2", 2)], ids=["step", "validation"])
-def test_sigterm_saves_records_and_exits_at_once_then_resumes_exactly(baseline, tmp_path, fault, step):
-    tmp, corpus, root = baseline["tmp"], baseline["corpus"], tmp_path / "runs"
-    stopped = fit_process(tmp, corpus, root, "--run.checkpoint_every=100", "--run.sample_tokens=20", fault=fault)
+def test_sigterm_saves_records_and_exits_at_once_then_resumes_exactly(baseline, tmp_path, monkeypatch, fault, step):
+    corpus, root = baseline["corpus"], tmp_path / "runs"
+    stopped = fit_here(monkeypatch, corpus, root, "--run.checkpoint_every=100", "--run.sample_tokens=20", fault=fault)
     assert stopped.returncode == 143, stopped.stderr[-2000:]
     assert "SIGTERM: saved" in stopped.stdout and "preempted=True" in stopped.stdout
     assert "SAMPLE" not in stopped.stdout  # no end-of-run sample, and no end-of-run validation:
@@ -99,16 +116,16 @@ def test_sigterm_saves_records_and_exits_at_once_then_resumes_exactly(baseline, 
     assert json.loads((run_dir / "manifest.json").read_text())["ended"]["preempted"] is True
     summary = json.loads((run_dir / "eval.json").read_text())
     assert summary["preempted"] is True and summary["finished"] is False and summary["val_loss"] is None
-    resumed = fit_process(tmp, corpus, root, "--run.checkpoint_every=100", "--ckpt_path=last")
+    resumed = fit_here(monkeypatch, corpus, root, "--run.checkpoint_every=100", "--ckpt_path=last")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert json.loads((run_dir / "eval.json").read_text())["finished"] is True
     assert_same_as_baseline(baseline, run_dir)
 
 
-def test_a_run_preempted_before_its_first_periodic_checkpoint_resumes_into_last_ckpt(baseline, tmp_path):
-    tmp, corpus, root = baseline["tmp"], baseline["corpus"], tmp_path / "runs"
-    assert fit_process(tmp, corpus, root, "--run.checkpoint_every=3", fault="sigterm:2").returncode == 143
-    resumed = fit_process(tmp, corpus, root, "--run.checkpoint_every=3", "--ckpt_path=last")
+def test_a_run_preempted_before_its_first_periodic_checkpoint_resumes_into_last_ckpt(baseline, tmp_path, monkeypatch):
+    corpus, root = baseline["corpus"], tmp_path / "runs"
+    assert fit_here(monkeypatch, corpus, root, "--run.checkpoint_every=3", fault="sigterm:2").returncode == 143
+    resumed = fit_here(monkeypatch, corpus, root, "--run.checkpoint_every=3", "--ckpt_path=last")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     checkpoints = root / "prenorm-12l" / "smoke-seed1" / "checkpoints"
     assert not list(checkpoints.glob("last-v*.ckpt"))  # once seen: last-v1.ckpt written, last.ckpt left at step 2
@@ -116,8 +133,8 @@ def test_a_run_preempted_before_its_first_periodic_checkpoint_resumes_into_last_
 
 
 def test_a_second_sigterm_exits_at_once(baseline, tmp_path):
-    tmp, corpus, root = baseline["tmp"], baseline["corpus"], tmp_path / "runs"
-    stopped = fit_process(tmp, corpus, root, "--run.checkpoint_every=1", fault="sigterm2:3")
+    corpus, root = baseline["corpus"], tmp_path / "runs"
+    stopped = fit_process(corpus, root, "--run.checkpoint_every=1", fault="sigterm2:3")
     assert stopped.returncode == 143, stopped.stderr[-2000:]
     assert "SIGTERM: saved" not in stopped.stdout  # it did not wait for the end of the step
     run_dir = root / "prenorm-12l" / "smoke-seed1"
@@ -145,9 +162,9 @@ def test_under_ddp_the_ranks_compare_preemption_flags_every_few_steps_only(tmp_p
 
 @pytest.mark.parametrize("fault", ["die:2:1", "die_late:2:1"])
 def test_a_dead_ddp_rank_ends_the_job_with_an_error_not_a_hang(baseline, tmp_path, fault):
-    tmp, corpus = baseline["tmp"], baseline["corpus"]
+    corpus = baseline["corpus"]
     started = time.time()
-    proc = fit_process(tmp, corpus, tmp_path / "runs", "--trainer.devices=2", "--trainer.strategy=ddp",
+    proc = fit_process(corpus, tmp_path / "runs", "--trainer.devices=2", "--trainer.strategy=ddp",
                        "--run.dist_timeout_s=60", fault=fault, timeout=280)  # fmt: skip
     assert proc.returncode != 0
     # Whichever comes first ends the job: the survivor's next collective fails ("... by peer" at once, or
@@ -208,8 +225,8 @@ def test_guard_flags_nan_inf_and_spikes():
 
 @pytest.mark.parametrize("verdict", ["auto", "device"])  # auto: host verdicts on the CPU
 def test_a_diverging_run_stops_cleanly_and_says_so(baseline, tmp_path, capsys, verdict):
-    tmp, corpus, root = baseline["tmp"], baseline["corpus"], tmp_path / "runs"
-    code = run_cli(smoke_args(tmp, corpus, f"--run.root={root}", "--model.optim.lr=30", "--model.optim.warmup_steps=0",
+    corpus, root = baseline["corpus"], tmp_path / "runs"
+    code = run_cli(smoke_args(corpus, f"--run.root={root}", "--model.optim.lr=30", "--model.optim.warmup_steps=0",
                               "--trainer.max_steps=30", "--model.divergence.factor=1.5", "--run.checkpoint_every=1",
                               f"--model.divergence.verdict={verdict}"))  # fmt: skip
     out = capsys.readouterr().out
@@ -227,8 +244,8 @@ def test_a_diverging_run_stops_cleanly_and_says_so(baseline, tmp_path, capsys, v
 
 
 def test_skip_mode_counts_skipped_steps(baseline, tmp_path, capsys):
-    tmp, corpus, root = baseline["tmp"], baseline["corpus"], tmp_path / "runs"
-    code = run_cli(smoke_args(tmp, corpus, f"--run.root={root}", "--model.optim.lr=30", "--model.optim.warmup_steps=0",
+    corpus, root = baseline["corpus"], tmp_path / "runs"
+    code = run_cli(smoke_args(corpus, f"--run.root={root}", "--model.optim.lr=30", "--model.optim.warmup_steps=0",
                               "--trainer.max_steps=30", "--model.divergence.factor=1.5",
                               "--model.divergence.on_bad_step=skip", "--model.divergence.max_skips=3"))  # fmt: skip
     summary = json.loads((root / "prenorm-12l" / "smoke-seed1" / "eval.json").read_text())
@@ -237,14 +254,14 @@ def test_skip_mode_counts_skipped_steps(baseline, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("verdict", ["host", "device"])
-def test_resume_after_a_skipped_bad_step_is_exact(baseline, tmp_path, verdict):
-    tmp, corpus = baseline["tmp"], baseline["corpus"]
+def test_resume_after_a_skipped_bad_step_is_exact(baseline, tmp_path, monkeypatch, verdict):
+    corpus = baseline["corpus"]
     skip = ["--model.divergence.on_bad_step=skip", f"--model.divergence.verdict={verdict}"]
-    straight = fit_process(tmp, corpus, tmp_path / "straight", *skip, fault="nan:2")
+    straight = fit_here(monkeypatch, corpus, tmp_path / "straight", *skip, fault="nan:2")
     assert straight.returncode == 0, straight.stderr[-2000:]
     root = tmp_path / "interrupted"
-    assert fit_process(tmp, corpus, root, *skip, "--run.stop_after_steps=4", fault="nan:2").returncode == 0
-    resumed = fit_process(tmp, corpus, root, *skip, "--ckpt_path=last", fault="nan:2")
+    assert fit_here(monkeypatch, corpus, root, *skip, "--run.stop_after_steps=4", fault="nan:2").returncode == 0
+    resumed = fit_here(monkeypatch, corpus, root, *skip, "--ckpt_path=last", fault="nan:2")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     expected, run_dir = tmp_path / "straight" / "prenorm-12l" / "smoke-seed1", root / "prenorm-12l" / "smoke-seed1"
     assert json.loads((run_dir / "eval.json").read_text())["skipped_steps"] == 1
@@ -258,9 +275,9 @@ def test_resume_after_a_skipped_bad_step_is_exact(baseline, tmp_path, verdict):
 @pytest.mark.parametrize("verdict", ["host", "device"])
 def test_under_ddp_a_bad_loss_on_one_rank_is_one_verdict_for_every_rank(baseline, tmp_path, verdict, on_bad_step):
     """Only rank 1's loss is NaN at step 2: both ranks skip that step and stay identical, or both stop with exit 3."""
-    tmp, corpus, probe = baseline["tmp"], baseline["corpus"], tmp_path / "probe"
+    corpus, probe = baseline["corpus"], tmp_path / "probe"
     probe.mkdir()
-    proc = fit_process(tmp, corpus, tmp_path / "runs", "--trainer.devices=2", "--trainer.strategy=ddp",
+    proc = fit_process(corpus, tmp_path / "runs", "--trainer.devices=2", "--trainer.strategy=ddp",
                        f"--model.divergence.verdict={verdict}", f"--model.divergence.on_bad_step={on_bad_step}",
                        "--run.dist_timeout_s=60", "--trainer.callbacks+=tests.ddp_probe.RecordRankBatches",
                        fault="nan:2:1", timeout=240, RESNORM_LM_PROBE_DIR=str(probe))  # fmt: skip
@@ -355,7 +372,7 @@ def test_a_checkpoint_write_syncs_the_file_renames_it_then_syncs_the_folder(tmp_
 def test_unwritable_run_directory_fails_before_training(baseline, tmp_path, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
-    code = run_cli(smoke_args(baseline["tmp"], baseline["corpus"], f"--run.root={blocker / 'runs'}"))
+    code = run_cli(smoke_args(baseline["corpus"], f"--run.root={blocker / 'runs'}"))
     assert code == 2 and "cannot write the run directory" in capsys.readouterr().err
 
 
@@ -363,7 +380,7 @@ def test_full_disk_fails_before_training(baseline, tmp_path, capsys, monkeypatch
     import shutil
 
     monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 10**6, 10**6))
-    code = run_cli(smoke_args(baseline["tmp"], baseline["corpus"], f"--run.root={tmp_path / 'runs'}"))
+    code = run_cli(smoke_args(baseline["corpus"], f"--run.root={tmp_path / 'runs'}"))
     assert code == 2 and "MiB free on the disk" in capsys.readouterr().err
     assert not (tmp_path / "runs" / "prenorm-12l" / "smoke-seed1" / "checkpoints").exists()
 
@@ -386,7 +403,7 @@ def test_malformed_yaml_config(tmp_path, capsys):
     ],
 )
 def test_data_that_cannot_fit_the_config_is_refused(baseline, tmp_path, capsys, extra, message):
-    code = run_cli(smoke_args(baseline["tmp"], baseline["corpus"], f"--run.root={tmp_path / 'runs'}", *extra))
+    code = run_cli(smoke_args(baseline["corpus"], f"--run.root={tmp_path / 'runs'}", *extra))
     assert code == 2
     assert message in capsys.readouterr().err
 
@@ -396,7 +413,7 @@ def test_empty_corpus_is_refused(tmp_path, capsys):
     empty.mkdir()
     for i in range(4):
         (empty / f"{i}.txt").write_text("\n")
-    code = run_cli(smoke_args(tmp_path, str(empty / "*.txt"), f"--run.root={tmp_path / 'runs'}"))
+    code = run_cli(smoke_args(str(empty / "*.txt"), f"--run.root={tmp_path / 'runs'}"))
     err = capsys.readouterr().err
     assert code == 2 and "give more text or files" in err
 
@@ -404,14 +421,14 @@ def test_empty_corpus_is_refused(tmp_path, capsys):
 def test_resume_from_a_corrupt_or_foreign_checkpoint_is_refused(baseline, tmp_path, capsys):
     bad = tmp_path / "bad.ckpt"
     bad.write_bytes(b"\x00garbage")
-    code = run_cli(smoke_args(baseline["tmp"], baseline["corpus"], f"--run.root={tmp_path / 'runs'}",
+    code = run_cli(smoke_args(baseline["corpus"], f"--run.root={tmp_path / 'runs'}",
                               f"--ckpt_path={bad}"))  # fmt: skip
     assert code == 2 and "corrupt, truncated or not a checkpoint" in capsys.readouterr().err
 
 
 def test_resume_on_different_data_is_refused(baseline, tmp_path, capsys):
     root = tmp_path / "runs"
-    assert run_cli(smoke_args(baseline["tmp"], baseline["corpus"], f"--run.root={root}", "--trainer.max_steps=2")) == 0
+    assert run_cli(smoke_args(baseline["corpus"], f"--run.root={root}", "--trainer.max_steps=2")) == 0
     other = write_corpus(tmp_path / "other", seed=7)
-    code = run_cli(smoke_args(tmp_path, other, f"--run.root={root}", "--ckpt_path=last"))
+    code = run_cli(smoke_args(other, f"--run.root={root}", "--ckpt_path=last"))
     assert code == 2 and "different data or tokenizer" in capsys.readouterr().err

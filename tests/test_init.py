@@ -97,14 +97,7 @@ def test_an_unknown_init_lists_the_valid_ones():
         GPTConfig(init="kaiming")
 
 
-def test_a_run_records_its_init_in_the_manifest(tmp_path):
+def test_a_run_records_its_init_in_the_manifest(recipe_run):
     import json
 
-    from tests.train_helpers import run_cli, smoke_args, write_corpus
-
-    corpus = write_corpus(tmp_path / "corpus")
-    args = smoke_args(tmp_path, corpus, f"--run.root={tmp_path / 'runs'}", "--trainer.max_steps=1",
-                      "--model.arch.init=xavier")  # fmt: skip
-    assert run_cli(args) == 0
-    manifest = json.loads((tmp_path / "runs/prenorm-12l/smoke-seed1/manifest.json").read_text())
-    assert manifest["init"] == "xavier"
+    assert json.loads((recipe_run("prenorm-12l-xavier") / "manifest.json").read_text())["init"] == "xavier"

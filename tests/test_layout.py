@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.train_helpers import run_cli
+from tests.smoke import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "resnorm_lm"

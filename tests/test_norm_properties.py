@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from resnorm_lm.model.norms import NORMS, build_norm
-from tests.test_norms import fp64_twin, reference
+from tests.reference_norms import fp64_twin, reference
 from tests.tolerances import FACTOR, unit_roundoff
 
 shapes = st.tuples(st.integers(1, 6), st.integers(1, 130))

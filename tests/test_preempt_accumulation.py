@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,9 +11,8 @@ import torch
 
 from resnorm_lm.train.checkpoint_io import AtomicCheckpointIO
 from resnorm_lm.train.preemption import Preempted, PreemptOnSigterm
-from tests.train_helpers import run_cli, smoke_args, train_losses, write_corpus
+from tests.smoke import assert_same_training_state, resnorm_lm_process, run_cli, smoke_args, train_losses
 
-REPO = Path(__file__).resolve().parents[1]
 STEPS = 3  # optimizer steps of every run
 SIGNALLED_STEP = 1  # the SIGTERM lands in the window of this step (0-based): one step is done before it
 CHECKPOINT_EVERY = SIGNALLED_STEP + 1  # a resumed run starts at a periodic checkpoint's step
@@ -30,7 +27,7 @@ CASES = [
 
 
 def args(setting: dict, root: Path, accumulate: int, *extra: str) -> list[str]:
-    return smoke_args(setting["tmp"], setting["corpus"], f"--run.root={root}", "--model.arch.n_layer=2",
+    return smoke_args(setting["corpus"], f"--run.root={root}", "--model.arch.n_layer=2",
                       "--model.arch.dropout=0.1", f"--trainer.max_steps={STEPS}", f"--trainer.accumulate_grad_batches="
                       f"{accumulate}", f"--run.checkpoint_every={CHECKPOINT_EVERY}", *extra)  # fmt: skip
 
@@ -43,20 +40,6 @@ def last_checkpoint(root: Path) -> dict:
     return torch.load(run_dir(root) / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
 
 
-def assert_same_training_state(expected: dict, actual: dict) -> None:
-    """Bit-exact: every weight, every optimizer moment, the schedule and the step count."""
-    assert actual["global_step"] == expected["global_step"]
-    assert expected["state_dict"].keys() == actual["state_dict"].keys()
-    for name, tensor in expected["state_dict"].items():
-        assert torch.equal(tensor, actual["state_dict"][name]), name
-    (want,), (got,) = expected["optimizer_states"], actual["optimizer_states"]
-    assert want["param_groups"] == got["param_groups"] and want["state"].keys() == got["state"].keys()
-    for index, moments in want["state"].items():
-        for key, tensor in moments.items():
-            assert torch.equal(tensor, got["state"][index][key]), (index, key)
-    assert expected["lr_schedulers"] == actual["lr_schedulers"]
-
-
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
     """A model this small trains fastest on one thread, the more so on a shared machine."""
@@ -67,9 +50,8 @@ def one_thread():
 
 
 @pytest.fixture(scope="module")
-def setting(tmp_path_factory) -> dict:
-    tmp = tmp_path_factory.mktemp("preempt-accumulation")
-    return {"tmp": tmp, "corpus": write_corpus(tmp / "corpus"), "uninterrupted": {}}
+def setting(tmp_path_factory, smoke_corpus) -> dict:
+    return {"tmp": tmp_path_factory.mktemp("preempt-accumulation"), "corpus": smoke_corpus, "uninterrupted": {}}
 
 
 @pytest.fixture
@@ -164,15 +146,13 @@ def test_under_ddp_with_accumulation_the_ranks_compare_flags_at_the_same_step_en
 
 def fit_ddp(setting: dict, root: Path, *extra: str, fault: str = "") -> subprocess.CompletedProcess:
     """2 gloo ranks, accumulation 2, 22 steps: the ranks compare flags at steps 10 and 20 (ddp_check_every)."""
-    argv = smoke_args(setting["tmp"], setting["corpus"], f"--run.root={root}", "--model.arch.n_layer=2",
+    argv = smoke_args(setting["corpus"], f"--run.root={root}", "--model.arch.n_layer=2",
                       "--model.arch.dropout=0.1", "--trainer.max_steps=22", "--trainer.accumulate_grad_batches=2",
                       "--run.checkpoint_every=10", "--trainer.val_check_interval=1000", "--trainer.devices=2",
                       "--trainer.strategy=ddp", *extra)  # fmt: skip
     if fault:
         argv.append("--trainer.callbacks+=tests.fault_probe.FaultProbe")
-    env = dict(os.environ, PYTHONPATH=str(REPO), RESNORM_LM_FAULT=fault, OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "resnorm_lm", *argv], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
+    return resnorm_lm_process(argv, timeout=600, RESNORM_LM_FAULT=fault, OMP_NUM_THREADS="1")
 
 
 @pytest.mark.slow

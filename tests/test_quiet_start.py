@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
@@ -12,9 +9,8 @@ import pytest
 
 from resnorm_lm.data import DataCache, DataError
 from resnorm_lm.data.corpora.shakespeare import fetch_archive
-from tests.train_helpers import smoke_args, write_corpus
+from tests.smoke import resnorm_lm_process, smoke_args
 
-REPO = Path(__file__).resolve().parents[1]
 # Lightning's litlogger advertisement, torch's LeafSpec deprecation raised inside Lightning, pip's chatter, and
 # Lightning's notice on saving a checkpoint without saying whether it is weights-only (alarming after a
 # weights_only=True loading policy: the project says weights_only=False, a full resumable save)
@@ -22,18 +18,15 @@ NOISE = ("Tip: For seamless", "LeafSpec", "Looking in indexes", "Looking in link
          "`weights_only` was not set")  # fmt: skip
 
 
-def test_fit_prints_no_library_noise(tmp_path):
+def test_fit_prints_no_library_noise(tmp_path, smoke_corpus):
     """Lightning's litlogger advertisement and its _pytree deprecation warning are gone; the run's own lines stay."""
     args = smoke_args(
-        tmp_path,
-        write_corpus(tmp_path / "corpus"),
+        smoke_corpus,
         "--trainer.max_steps=2",
         f"--run.root={tmp_path}",
         "--run.checkpoint_every=5",
     )  # the final save is then the end-of-run checkpoint's
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-m", "resnorm_lm", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = resnorm_lm_process(args, timeout=120)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
     assert "resnorm-lm: precision 32-true" in out  # the precision and its reason are still said

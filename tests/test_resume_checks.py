@@ -9,24 +9,22 @@ import json
 
 import pytest
 
-from tests.train_helpers import run_cli, smoke_args, write_corpus
+from tests.smoke import run_cli, smoke_args, write_corpus
 
 STEPS = ["--trainer.max_steps=4", "--run.checkpoint_every=2", "--trainer.val_check_interval=2"]
 
 
 @pytest.fixture(scope="module")
-def started(tmp_path_factory):
+def started(tmp_path_factory, smoke_corpus):
     """A prenorm smoke run stopped at step 2 of 4 (its files are copied before a test changes them)."""
-    tmp = tmp_path_factory.mktemp("started")
-    corpus = write_corpus(tmp / "corpus")
-    root = tmp / "runs"
-    assert run_cli(smoke_args(tmp, corpus, f"--run.root={root}", *STEPS, "--run.stop_after_steps=2")) == 0
-    return {"tmp": tmp, "corpus": corpus, "root": root, "run_dir": root / "prenorm-12l" / "smoke-seed1"}
+    root = tmp_path_factory.mktemp("started") / "runs"
+    assert run_cli(smoke_args(smoke_corpus, f"--run.root={root}", *STEPS, "--run.stop_after_steps=2")) == 0
+    return {"corpus": smoke_corpus, "root": root, "run_dir": root / "prenorm-12l" / "smoke-seed1"}
 
 
 def resume_args(started, *extra, recipe="prenorm-12l", root=None):
     root = root or started["root"]
-    return smoke_args(started["tmp"], started["corpus"], f"--run.root={root}", *STEPS, *extra, recipe=recipe)
+    return smoke_args(started["corpus"], f"--run.root={root}", *STEPS, *extra, recipe=recipe)
 
 
 def last_ckpt(started) -> str:
@@ -69,7 +67,7 @@ def test_both_resume_forms_refuse_what_a_resume_cannot_keep(started, capsys, for
 def test_the_data_content_is_checked_before_anything_is_written(started, tmp_path, capsys):
     other = write_corpus(tmp_path / "other", seed=7)
     before = (started["run_dir"] / "config.yaml").read_text()
-    args = smoke_args(started["tmp"], other, f"--run.root={started['root']}", *STEPS, "--ckpt_path=last")
+    args = smoke_args(other, f"--run.root={started['root']}", *STEPS, "--ckpt_path=last")
     assert run_cli(args) == 2
     assert "different data or tokenizer (corpus_fingerprint: checkpoint" in capsys.readouterr().err
     assert (started["run_dir"] / "config.yaml").read_text() == before

@@ -17,8 +17,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from resnorm_lm.train.lightning_cli import ResnormCLI
 from resnorm_lm.train.recipes import expand_recipe_arguments
 from resnorm_lm.train.slurm import SlurmJob, resume_after_requeue
-from tests.test_preempt_accumulation import assert_same_training_state
-from tests.train_helpers import run_cli, smoke_args, write_corpus
+from tests.smoke import assert_same_training_state, run_cli, smoke_args, write_corpus
 
 REPO = Path(__file__).resolve().parents[1]
 # what srun gives the one task of a one-node, one-task job
@@ -94,7 +93,7 @@ def test_requeue_asks_scontrol_and_reports_why_it_did_not_take(tmp_path, monkeyp
 
 
 def cluster_environment(tmp_path: Path, corpus: str):
-    args = expand_recipe_arguments(smoke_args(tmp_path, corpus, f"--run.root={tmp_path}"))
+    args = expand_recipe_arguments(smoke_args(corpus, f"--run.root={tmp_path}", cache_dir=tmp_path / "cache"))
     trainer = ResnormCLI(args=args[1:], run=False).trainer  # without the subcommand: built, not run
     return trainer._accelerator_connector.cluster_environment
 
@@ -116,10 +115,13 @@ def test_the_warning_mid_window_saves_at_its_end_requeues_and_the_requeued_start
     """SIGUSR1 at micro-batch 4, the first of the third window (accumulation 2): saved at its end, step 3."""
     training = ["--model.arch.n_layer=2", "--model.arch.dropout=0.1", "--trainer.max_steps=5",
                 "--trainer.accumulate_grad_batches=2", "--run.checkpoint_every=100"]  # fmt: skip
-    assert run_cli(smoke_args(tmp_path, corpus, f"--run.root={tmp_path / 'uninterrupted'}", *training)) == 0
+    assert (
+        run_cli(smoke_args(corpus, f"--run.root={tmp_path / 'uninterrupted'}", *training, cache_dir=tmp_path / "cache"))
+        == 0
+    )
     root, asked = tmp_path / "slurm", tmp_path / "asked"
-    argv = smoke_args(tmp_path, corpus, f"--run.root={root}", *training,
-                      "--trainer.callbacks+=tests.slurm_probe.SignalAtMicroBatch")  # fmt: skip
+    probe = "--trainer.callbacks+=tests.slurm_probe.SignalAtMicroBatch"
+    argv = smoke_args(corpus, f"--run.root={root}", *training, probe, cache_dir=tmp_path / "cache")
     env = {**os.environ, **SRUN_TASK, "PYTHONPATH": str(REPO), "RESNORM_LM_SIGNAL_AT": "USR1:4",
            "PATH": fake_scontrol(tmp_path / "bin", f'echo "$@" > {asked}')}  # fmt: skip
 

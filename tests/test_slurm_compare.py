@@ -18,7 +18,7 @@ import pytest
 
 from resnorm_lm.train.runs import RunDir
 from tests.slurm_cluster import SlurmCluster, slurm_cluster  # noqa: F401 (a fixture)
-from tests.train_helpers import write_corpus
+from tests.smoke import write_corpus
 
 pytestmark = pytest.mark.slow
 

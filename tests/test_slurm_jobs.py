@@ -17,8 +17,7 @@ import pytest
 import torch
 
 from tests.slurm_cluster import SlurmCluster, slurm_cluster  # noqa: F401 (a fixture)
-from tests.test_preempt_accumulation import assert_same_training_state
-from tests.train_helpers import run_cli, smoke_args, train_losses, write_corpus
+from tests.smoke import assert_same_training_state, run_cli, smoke_args, train_losses, write_corpus
 
 pytestmark = pytest.mark.slow
 
@@ -44,7 +43,12 @@ def setting(tmp_path_factory) -> dict:
     """A corpus, and the uninterrupted run (in this process, no SLURM) that the stopped runs must equal."""
     tmp = tmp_path_factory.mktemp("slurm")
     setting = {"tmp": tmp, "corpus": write_corpus(tmp / "corpus")}
-    assert run_cli(smoke_args(tmp, setting["corpus"], f"--run.root={tmp / 'uninterrupted'}", *TRAINING)) == 0
+    assert (
+        run_cli(
+            smoke_args(setting["corpus"], f"--run.root={tmp / 'uninterrupted'}", *TRAINING, cache_dir=tmp / "cache")
+        )
+        == 0
+    )
     setting["uninterrupted"] = run_dir(tmp / "uninterrupted")
     return setting
 
@@ -59,7 +63,9 @@ def checkpoint(run: Path) -> dict:
 
 def job_environment(setting: dict, root: Path, *args: str, **env: str) -> dict[str, str]:
     """train.sbatch's variables for a smoke run of the test corpus under ``root``."""
-    data = smoke_args(setting["tmp"], setting["corpus"])[5:]  # the corpus, cache and progress-bar options
+    data = smoke_args(setting["corpus"], cache_dir=setting["tmp"] / "cache")[
+        5:
+    ]  # the corpus, cache and progress-bar options
     return {"RECIPE": "prenorm-12l", "PROFILE": "smoke", "PYTHON": sys.executable, "PYTHONPATH": str(REPO),
             "ARGS": " ".join([*data, f"--run.root={root}", *args]), **env}  # fmt: skip
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -29,9 +28,7 @@ from resnorm_lm.analysis.sweep import (
 )
 from resnorm_lm.data.unigram import unigram_cross_entropy
 from resnorm_lm.model.gpt import GPT, GPTConfig
-from tests.train_helpers import WORDS, run_cli
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.smoke import REPO, TINY_SWEEP_STEPS, run_cli, tiny_sweep, write_learnable_corpus
 
 
 def outcomes(recipe: str, table: dict[tuple[float, int], list[float | None]]) -> list[RunOutcome]:
@@ -192,38 +189,14 @@ def test_untied_embeddings_have_their_own_head():
     assert untied.lm_head.weight.grad is not None and untied.wte.weight.grad is not None
 
 
-def write_learnable_corpus(folder: Path, n_files: int = 20, words_per_file: int = 300) -> str:
-    """Text in which each word is followed by one of two others: context beats word frequencies by far."""
-    rng = np.random.RandomState(0)
-    folder.mkdir(parents=True, exist_ok=True)
-    for i in range(n_files):
-        word, words = int(rng.randint(len(WORDS))), []
-        for _ in range(words_per_file):
-            words.append(WORDS[word])
-            word = (7 * word + 1 + int(rng.randint(2))) % len(WORDS)
-        (folder / f"part{i:02d}.txt").write_text(" ".join(words) + "\n")
-    return str(folder / "*.txt")
-
-
-def compare(tmp_path: Path, corpus: str, *extra: str, train_args: str = "") -> subprocess.CompletedProcess:
-    args = ["compare", "--recipes", "prenorm-12l", "--profile", "smoke", "--lrs", "1e-5", "3e-3", "--warmups", "2",
-            "--seeds", "1", "2", "--root", str(tmp_path / "runs"), "--results", str(tmp_path / "results"),
-            "--train-args", f"--data.corpus=text --data.files=[{corpus}] --data.cache_dir={tmp_path / 'cache'} "
-            "--trainer.enable_progress_bar=false --trainer.max_steps=100 --trainer.val_check_interval=100 "
-            f"{train_args}",
-            *extra]  # fmt: skip
-    return subprocess.run([sys.executable, "-m", "resnorm_lm", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=900, env=dict(os.environ, PYTHONPATH=str(REPO)))  # fmt: skip
-
-
 def test_a_tiny_sweep_interrupted_then_finished_picks_on_validation_and_tests_only_the_pick(tmp_path):
     corpus = write_learnable_corpus(tmp_path / "corpus")
-    # interrupted: every grid run stops at step 30 of 100 (as if the machine went away)
-    first = compare(tmp_path, corpus, train_args="--run.stop_after_steps=30")
+    # interrupted: every grid run stops a third of the way (as if the machine went away)
+    first = tiny_sweep(tmp_path, corpus, train_args=f"--run.stop_after_steps={TINY_SWEEP_STEPS // 3}")
     assert first.returncode == 1, first.stderr[-3000:]
     assert "compare: grid: 2 runs, 0 finished, 2 to train" in first.stdout
     assert "no finished runs to compare" in first.stderr
-    second = compare(tmp_path, corpus)
+    second = tiny_sweep(tmp_path, corpus)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "compare: grid: 2 runs, 0 finished, 2 to train (2 to resume)" in second.stdout
     assert second.stdout.count("compare: resuming prenorm-12l") == 2
@@ -233,7 +206,7 @@ def test_a_tiny_sweep_interrupted_then_finished_picks_on_validation_and_tests_on
     best = min(grid, key=lambda g: float(g["val_loss_mean"]))
     assert best["chosen"] == "True" and float(best["lr"]) == 3e-3
     stuck = next(g for g in grid if float(g["lr"]) == 1e-5)
-    assert stuck["status"].startswith("not learning")  # lr 1e-5 for 100 steps stays at the unigram level
+    assert stuck["status"].startswith("not learning")  # lr 1e-5 for so few steps stays at the unigram level
     table = list(csv.DictReader((tmp_path / "results" / "smoke" / "compare.csv").open()))
     assert len(table) == 1 and float(table[0]["lr"]) == 3e-3 and table[0]["n_seeds"] == "2"
     assert table[0]["status"] == "ok" and float(table[0]["val_loss_mean"]) < float(table[0]["unigram_loss"]) - 0.1
@@ -251,13 +224,13 @@ def test_a_tiny_sweep_interrupted_then_finished_picks_on_validation_and_tests_on
     for plot in ("lr_sensitivity.png", "loss_curves.png", "grad_norms.png", "clipping.png", "stream_rms.png"):
         assert (tmp_path / "results" / "smoke" / plot).stat().st_size > 10_000, plot
     at_pick = [json.loads((runs / f"smoke-lr0.003-wu2-seed{k}/eval.json").read_text())["clip"] for k in (1, 2)]
-    assert all(c["steps"] == 100 and c["max_norm"] == 1.0 for c in at_pick)
+    assert all(c["steps"] == TINY_SWEEP_STEPS and c["max_norm"] == 1.0 for c in at_pick)
     assert float(best["clipped_mean"]) == pytest.approx(sum(c["clipped_fraction"] for c in at_pick) / 2)
-    third = compare(tmp_path, corpus)  # everything finished: nothing trained or evaluated again
+    third = tiny_sweep(tmp_path, corpus)  # everything finished: nothing trained or evaluated again
     assert third.returncode == 0 and "compare: training" not in third.stdout and "resuming" not in third.stdout
     assert "nothing to train" in third.stdout
     # --no-train with a wider grid: says what is missing, trains nothing and promises no time
-    fourth = compare(tmp_path, corpus, "--lrs", "1e-5", "1e-3", "3e-3", "--no-train")
+    fourth = tiny_sweep(tmp_path, corpus, "--lrs", "1e-5", "1e-3", "3e-3", "--no-train")
     assert fourth.returncode == 0, fourth.stderr[-3000:]
     said = "compare: grid: 3 runs, 2 finished, 1 to train (0 to resume); not training them (--no-train)"
     assert said in fourth.stdout
@@ -265,7 +238,7 @@ def test_a_tiny_sweep_interrupted_then_finished_picks_on_validation_and_tests_on
     # checkpoints deleted to save disk (or left on the machine that trained the sweep): results still stand
     for ckpt in runs.glob("*/checkpoints/*.ckpt"):
         ckpt.unlink()
-    fifth = compare(tmp_path, corpus, "--no-train")
+    fifth = tiny_sweep(tmp_path, corpus, "--no-train")
     assert fifth.returncode == 0, fifth.stderr[-3000:]
     assert "compare: grid: 2 runs, 2 finished, 0 to train" in fifth.stdout
     assert list(csv.DictReader((tmp_path / "results" / "smoke" / "compare.csv").open())) == table
@@ -274,7 +247,7 @@ def test_a_tiny_sweep_interrupted_then_finished_picks_on_validation_and_tests_on
     summary = json.loads(summary_path.read_text())
     del summary["eval"]["test"]
     summary_path.write_text(json.dumps(summary))
-    sixth = compare(tmp_path, corpus)
+    sixth = tiny_sweep(tmp_path, corpus)
     assert sixth.returncode != 0 and "checkpoints are gone" in sixth.stderr, sixth.stderr[-2000:]
     assert "smoke-lr0.003-wu2-seed1" in sixth.stderr and "compare: training" not in sixth.stdout
 

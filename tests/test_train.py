@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,15 +15,7 @@ from resnorm_lm.model.gpt import GPT, GPTConfig
 from resnorm_lm.train.optim import OptimConfig, warmup_cosine
 from resnorm_lm.train.recipes import available_profiles, available_recipes
 from resnorm_lm.train.runs import RunDir
-from tests.train_helpers import final_weights, run_cli, smoke_args, train_losses, write_corpus
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> str:
-    return write_corpus(tmp_path_factory.mktemp("corpus"))
-
+from tests.smoke import final_weights, resnorm_lm_process, run_cli, smoke_args, train_losses
 
 # ---------------------------------------------------------------- recipes and profiles
 
@@ -50,7 +39,7 @@ def test_the_promised_recipes_and_profiles_exist():
     assert {"cpu", "gpu", "smoke"} <= set(available_profiles())
 
 
-@pytest.mark.parametrize("profile", ["cpu", "gpu", "smoke"])
+@pytest.mark.parametrize("profile", ["cpu", "gpu"])  # smoke: test_every_recipe_trains_on_the_smoke_profile
 def test_every_recipe_instantiates_with_every_profile(profile, capsys):
     for recipe in available_recipes():
         code = run_cli(["fit", "--recipe", recipe, "--profile", profile, "--print_config"])
@@ -103,8 +92,8 @@ def test_profile_auto_picks_cpu_here_and_says_so(capsys):
         ("--model.arch.n_head=5", r"n_embd \(32\) must be divisible by n_head \(5\)"),
     ],
 )
-def test_bad_config_fails_before_any_work(override, message, tmp_path, corpus, capsys):
-    code = run_cli(smoke_args(tmp_path, corpus, override, f"--run.root={tmp_path / 'runs'}"))
+def test_bad_config_fails_before_any_work(override, message, tmp_path, smoke_corpus, capsys):
+    code = run_cli(smoke_args(smoke_corpus, override, f"--run.root={tmp_path / 'runs'}", cache_dir=tmp_path / "cache"))
     assert code != 0
     err = capsys.readouterr().err
     assert __import__("re").search(message, err), err[-2000:]
@@ -140,9 +129,9 @@ def test_weight_decay_only_on_matrices():
 # ---------------------------------------------------------------- a run and its outputs
 
 
-def test_smoke_run_writes_its_run_directory_and_result_line(tmp_path, corpus, capsys):
+def test_smoke_run_writes_its_run_directory_and_result_line(tmp_path, smoke_corpus, capsys):
     root = tmp_path / "runs"
-    assert run_cli(smoke_args(tmp_path, corpus, f"--run.root={root}", "--seed_everything=3")) == 0
+    assert run_cli(smoke_args(smoke_corpus, f"--run.root={root}", "--seed_everything=3")) == 0
     out = capsys.readouterr().out
     run_dir = root / "prenorm-12l" / "smoke-seed3"
     result = next(line for line in out.splitlines() if line.startswith("RESULT "))
@@ -178,22 +167,22 @@ def test_smoke_run_writes_its_run_directory_and_result_line(tmp_path, corpus, ca
         assert key in header, key
 
 
-def test_existing_run_is_not_overwritten_and_resume_without_run_says_so(tmp_path, corpus, capsys):
+def test_existing_run_is_not_overwritten_and_resume_without_run_says_so(tmp_path, smoke_corpus, capsys):
     root = tmp_path / "runs"
-    assert run_cli(smoke_args(tmp_path, corpus, f"--run.root={root}", "--ckpt_path=last")) == 2
+    assert run_cli(smoke_args(smoke_corpus, f"--run.root={root}", "--ckpt_path=last")) == 2
     assert "there is no run to resume at" in capsys.readouterr().err
-    assert run_cli(smoke_args(tmp_path, corpus, f"--run.root={root}", "--trainer.max_steps=2")) == 0
+    assert run_cli(smoke_args(smoke_corpus, f"--run.root={root}", "--trainer.max_steps=2")) == 0
     before = (root / "prenorm-12l" / "smoke-seed1" / "checkpoints" / "last.ckpt").read_bytes()
     capsys.readouterr()
-    assert run_cli(smoke_args(tmp_path, corpus, f"--run.root={root}")) == 2
+    assert run_cli(smoke_args(smoke_corpus, f"--run.root={root}")) == 2
     assert "already holds a run" in capsys.readouterr().err
     assert (root / "prenorm-12l" / "smoke-seed1" / "checkpoints" / "last.ckpt").read_bytes() == before
 
 
-def test_resume_with_a_different_architecture_fails_clearly(tmp_path, corpus, capsys):
+def test_resume_with_a_different_architecture_fails_clearly(tmp_path, smoke_corpus, capsys):
     root = tmp_path / "runs"
-    assert run_cli(smoke_args(tmp_path, corpus, f"--run.root={root}", "--trainer.max_steps=2")) == 0
-    code = run_cli(smoke_args(tmp_path, corpus, f"--run.root={root}", "--ckpt_path=last", "--model.arch.n_layer=4"))
+    assert run_cli(smoke_args(smoke_corpus, f"--run.root={root}", "--trainer.max_steps=2")) == 0
+    code = run_cli(smoke_args(smoke_corpus, f"--run.root={root}", "--ckpt_path=last", "--model.arch.n_layer=4"))
     assert code == 2
     assert "model.arch.n_layer: checkpoint 12, now 4" in capsys.readouterr().err
 
@@ -201,8 +190,8 @@ def test_resume_with_a_different_architecture_fails_clearly(tmp_path, corpus, ca
 # ---------------------------------------------------------------- exact resume
 
 
-def batches_per_data_epoch(tmp_path: Path, corpus: str) -> int:
-    prepared = prepare("text", files=[corpus], vocab_size=512, cache_dir=str(tmp_path / "cache"))
+def batches_per_data_epoch(corpus: str) -> int:
+    prepared = prepare("text", files=[corpus], vocab_size=512)  # the smoke runs' data, in the session's cache
     return ResumableBatchSampler(len(prepared.tokens("train")), 32, 4, seed=1337).batches_per_epoch
 
 
@@ -210,11 +199,11 @@ def resume_matches_uninterrupted(tmp_path: Path, corpus: str, stop: int, total: 
     common = ["--model.arch.dropout=0.1", f"--trainer.max_steps={total}", "--run.checkpoint_every=1"]
     common += ["--trainer.val_check_interval=2"]
     straight, split = tmp_path / "straight", tmp_path / "split"
-    assert run_cli(smoke_args(tmp_path, corpus, f"--run.root={straight}", *common)) == 0
-    assert run_cli(smoke_args(tmp_path, corpus, f"--run.root={split}", *common, f"--run.stop_after_steps={stop}")) == 0
+    assert run_cli(smoke_args(corpus, f"--run.root={straight}", *common)) == 0
+    assert run_cli(smoke_args(corpus, f"--run.root={split}", *common, f"--run.stop_after_steps={stop}")) == 0
     run_dir = split / "prenorm-12l" / "smoke-seed1"
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == stop
-    assert run_cli(smoke_args(tmp_path, corpus, f"--run.root={split}", *common, "--ckpt_path=last")) == 0
+    assert run_cli(smoke_args(corpus, f"--run.root={split}", *common, "--ckpt_path=last")) == 0
     a, b = train_losses(straight / "prenorm-12l" / "smoke-seed1"), train_losses(run_dir)
     assert sorted(a) == sorted(b) == list(range(total))
     assert [a[s] for s in range(total)] == [b[s] for s in range(total)], f"losses differ: {a} vs {b}"
@@ -226,29 +215,27 @@ def resume_matches_uninterrupted(tmp_path: Path, corpus: str, stop: int, total: 
         assert torch.equal(wa[name], wb[name]), f"{name} differs after resume"
 
 
-def test_resume_mid_epoch_is_exact(tmp_path, corpus):
-    per_epoch = batches_per_data_epoch(tmp_path, corpus)
+def test_resume_mid_epoch_is_exact(tmp_path, smoke_corpus):
+    per_epoch = batches_per_data_epoch(smoke_corpus)
     assert per_epoch >= 4, per_epoch
-    resume_matches_uninterrupted(tmp_path, corpus, stop=per_epoch // 2, total=per_epoch // 2 + 3)
+    resume_matches_uninterrupted(tmp_path, smoke_corpus, stop=per_epoch // 2, total=per_epoch // 2 + 3)
 
 
-def test_resume_at_a_data_epoch_boundary_is_exact(tmp_path, corpus):
-    per_epoch = batches_per_data_epoch(tmp_path, corpus)
-    resume_matches_uninterrupted(tmp_path, corpus, stop=per_epoch, total=per_epoch + 3)
+def test_resume_at_a_data_epoch_boundary_is_exact(tmp_path, smoke_corpus):
+    per_epoch = batches_per_data_epoch(smoke_corpus)
+    resume_matches_uninterrupted(tmp_path, smoke_corpus, stop=per_epoch, total=per_epoch + 3)
 
 
 # ---------------------------------------------------------------- DDP on CPU
 
 
-def test_ddp_two_gloo_ranks_train_disjoint_data_to_identical_weights(tmp_path, corpus):
+def test_ddp_two_gloo_ranks_train_disjoint_data_to_identical_weights(tmp_path, smoke_corpus):
     probe = tmp_path / "probe"
     probe.mkdir()
-    args = smoke_args(tmp_path, corpus, f"--run.root={tmp_path / 'runs'}", "--trainer.devices=2",
+    args = smoke_args(smoke_corpus, f"--run.root={tmp_path / 'runs'}", "--trainer.devices=2",
                       "--trainer.strategy=ddp", "--trainer.max_steps=4", "--model.arch.dropout=0.1",
                       "--trainer.callbacks+=tests.ddp_probe.RecordRankBatches")  # fmt: skip
-    env = dict(os.environ, RESNORM_LM_PROBE_DIR=str(probe), PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, "-m", "resnorm_lm", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=240)  # fmt: skip
+    proc = resnorm_lm_process(args, timeout=240, RESNORM_LM_PROBE_DIR=str(probe))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "RESULT " in proc.stdout
     ranks = [json.loads((probe / f"rank{r}.json").read_text()) for r in (0, 1)]
@@ -259,19 +246,15 @@ def test_ddp_two_gloo_ranks_train_disjoint_data_to_identical_weights(tmp_path, c
 
 
 @pytest.mark.parametrize("recipe", available_recipes())
-def test_every_recipe_trains_on_the_smoke_profile(recipe, tmp_path, corpus, capsys):
-    code = run_cli(smoke_args(tmp_path, corpus, f"--run.root={tmp_path / 'runs'}", "--trainer.max_steps=2",
-                              "--trainer.val_check_interval=2", recipe=recipe))  # fmt: skip
-    captured = capsys.readouterr()  # the -triton recipes run the kernels in the interpreter (conftest)
-    assert code == 0, captured.err[-2000:]
-    result = next(line for line in captured.out.splitlines() if line.startswith("RESULT "))
-    assert "step=2" in result and "val_ppl=" in result
+def test_every_recipe_trains_on_the_smoke_profile(recipe, recipe_run):
+    summary = json.loads((recipe_run(recipe) / "eval.json").read_text())  # the RESULT line's values
+    assert summary["finished"] and summary["step"] == 2 and summary["val_ppl"] > 1
 
 
 @pytest.mark.slow
-def test_compiled_model_trains_and_its_checkpoint_loads_uncompiled(tmp_path, corpus, capsys):
+def test_compiled_model_trains_and_its_checkpoint_loads_uncompiled(tmp_path, smoke_corpus, capsys):
     root = tmp_path / "runs"
-    code = run_cli(smoke_args(tmp_path, corpus, f"--run.root={root}", "--model.compile=true", "--trainer.max_steps=3"))
+    code = run_cli(smoke_args(smoke_corpus, f"--run.root={root}", "--model.compile=true", "--trainer.max_steps=3"))
     assert code == 0, capsys.readouterr().err[-2000:]
     from resnorm_lm.train.loaded_run import load_run
 
@@ -293,16 +276,16 @@ def test_ddp_is_asked_for_only_with_more_than_one_process(monkeypatch):
     assert processes({"accelerator": "cpu", "devices": "auto"}) == 1
 
 
-def test_a_single_device_run_gets_no_ddp_wrapper(tmp_path, corpus):
+def test_a_single_device_run_gets_no_ddp_wrapper(tmp_path, smoke_corpus):
     from resnorm_lm.train.lightning_cli import ResnormCLI
     from resnorm_lm.train.recipes import expand_recipe_arguments
 
-    args = expand_recipe_arguments(smoke_args(tmp_path, corpus, f"--run.root={tmp_path}", "--trainer.strategy=ddp"))
+    args = expand_recipe_arguments(smoke_args(smoke_corpus, f"--run.root={tmp_path}", "--trainer.strategy=ddp"))
     cli = ResnormCLI(args=args[1:], run=False)  # without the subcommand: build, do not run
     assert type(cli.trainer.strategy).__name__ == "SingleDeviceStrategy"
 
 
-def test_a_profile_progress_bar_gives_way_to_enable_progress_bar_false(tmp_path, corpus):
+def test_a_profile_progress_bar_gives_way_to_enable_progress_bar_false(tmp_path, smoke_corpus):
     """The gpu profile sets a TQDMProgressBar; `--trainer.enable_progress_bar=false` (as `compare --jobs` adds)
     must turn it off instead of failing (seen on an H100: Lightning's MisconfigurationException)."""
     from lightning.pytorch.callbacks import ProgressBar
@@ -314,7 +297,7 @@ def test_a_profile_progress_bar_gives_way_to_enable_progress_bar_false(tmp_path,
         '--trainer.callbacks+={"class_path": "lightning.pytorch.callbacks.TQDMProgressBar", '
         '"init_args": {"refresh_rate": 10}}'
     )
-    args = expand_recipe_arguments(smoke_args(tmp_path, corpus, f"--run.root={tmp_path}", bar))
+    args = expand_recipe_arguments(smoke_args(smoke_corpus, f"--run.root={tmp_path}", bar))
     cli = ResnormCLI(args=args[1:], run=False)
     assert not any(isinstance(c, ProgressBar) for c in cli.trainer.callbacks)
     on = [a for a in args if a != "--trainer.enable_progress_bar=false"]
@@ -374,7 +357,7 @@ def test_a_variant_takes_its_bases_tuned_setting_and_every_run_says_where_its_lr
         run("orphan-12l")
 
 
-def test_every_variant_in_the_repository_names_a_base_that_exists_and_a_run_records_it(tmp_path):
+def test_every_variant_in_the_repository_names_a_base_that_exists_and_a_run_records_it(recipe_run):
     from resnorm_lm.train.recipes import available_recipes, recipe_base, tuned_setting
 
     bases = {r: recipe_base(r) for r in available_recipes()}
@@ -389,11 +372,7 @@ def test_every_variant_in_the_repository_names_a_base_that_exists_and_a_run_reco
                                                      "it sets its own lr 0.001, warmup_steps 40")  # fmt: skip
     for variant in (r for r in bases if r.endswith("-xavier")):
         assert bases[variant] == variant.removesuffix("-xavier")  # the same placement and depth, GPT-2's init
-    corpus = write_corpus(tmp_path / "corpus")
-    args = smoke_args(tmp_path, corpus, f"--run.root={tmp_path / 'runs'}", "--trainer.max_steps=1",
-                      recipe="prenorm-12l-rmsnorm")  # fmt: skip
-    assert run_cli(args) == 0
-    manifest = json.loads((tmp_path / "runs/prenorm-12l-rmsnorm/smoke-seed1/manifest.json").read_text())
+    manifest = json.loads((recipe_run("prenorm-12l-rmsnorm") / "manifest.json").read_text())
     assert manifest["base_recipe"] == "prenorm-12l" and manifest["tuned_overlay"] == "none"  # smoke: none tuned
 
 

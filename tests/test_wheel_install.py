@@ -16,8 +16,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.train_helpers import write_corpus
-
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = ["pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "resnorm_lm", "recipes"]  # what a build reads
 
@@ -28,7 +26,7 @@ def run(*command, cwd: Path, env: dict | None = None) -> subprocess.CompletedPro
     return done
 
 
-def test_a_wheel_installed_into_a_fresh_venv_trains_the_smoke_profile_outside_the_repository(tmp_path):
+def test_a_wheel_installed_into_a_fresh_venv_trains_the_smoke_profile_outside_the_repository(tmp_path, smoke_corpus):
     source = tmp_path / "source"  # a copy: the build's own build/ folder never mixes with the repository's
     source.mkdir()
     for name in SOURCE:
@@ -50,7 +48,7 @@ def test_a_wheel_installed_into_a_fresh_venv_trains_the_smoke_profile_outside_th
         cwd=tmp_path)  # fmt: skip
 
     work = tmp_path / "elsewhere"
-    corpus = write_corpus(work / "corpus")
+    work.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RESNORM_LM_RECIPES")}
     find_package = "import importlib.util; print(importlib.util.find_spec('resnorm_lm').origin)"  # no torch import
     package = run(python, "-c", find_package, cwd=work, env=env).stdout.strip()
@@ -61,7 +59,7 @@ def test_a_wheel_installed_into_a_fresh_venv_trains_the_smoke_profile_outside_th
     assert not (site_packages / "recipes").exists()
 
     done = run(venv / "bin" / "resnorm-lm", "fit", "--recipe", "prenorm-12l", "--profile", "smoke",
-               "--data.corpus=text", f"--data.files=[{corpus}]", "--trainer.enable_progress_bar=false",
+               "--data.corpus=text", f"--data.files=[{smoke_corpus}]", "--trainer.enable_progress_bar=false",
                cwd=work, env=env)  # fmt: skip
     assert "RESULT run=runs/prenorm-12l/smoke-seed1 step=6 " in done.stdout, done.stdout[-2000:]
     assert (work / "runs" / "prenorm-12l" / "smoke-seed1" / "checkpoints" / "last.ckpt").is_file()
