@@ -368,8 +368,10 @@ def test_every_variant_in_the_repository_names_a_base_that_exists_and_a_run_reco
     assert bases["rezero-12l-paper"] == "rezero-12l" and bases["resi_dual-12l-paper"] == "resi_dual-12l"
     assert bases["sandwich-12l-paper"] == "sandwich-12l"
     assert bases["b2t-12l-paper"] is None  # its paper's own recipe: no base, its own LR and warmup, said so
-    assert tuned_setting("b2t-12l-paper", "cpu") == (None, "b2t-12l-paper has no tuned setting at the cpu profile: "
+    assert tuned_setting("b2t-12l-paper", "gpu") == (None, "b2t-12l-paper has no tuned setting at the gpu profile: "
                                                      "it sets its own lr 0.001, warmup_steps 40")  # fmt: skip
+    overlay, said = tuned_setting("b2t-12l-paper", "cpu")  # its own grid's pick, where it has been swept
+    assert overlay.name == "b2t-12l-paper.yaml" and said.startswith("tuned setting of b2t-12l-paper at the cpu")
     for variant in (r for r in bases if r.endswith("-xavier")):
         assert bases[variant] == variant.removesuffix("-xavier")  # the same placement and depth, GPT-2's init
     manifest = json.loads((recipe_run("prenorm-12l-rmsnorm") / "manifest.json").read_text())
