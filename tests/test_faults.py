@@ -376,6 +376,17 @@ def test_unwritable_run_directory_fails_before_training(baseline, tmp_path, caps
     assert code == 2 and "cannot write the run directory" in capsys.readouterr().err
 
 
+def test_write_probe_leaves_another_ranks_probe_alone(tmp_path):
+    """Every DDP rank checks the run directory at once: one rank's probe is never another's to remove."""
+    from resnorm_lm.train.lightning_cli import check_writable
+
+    in_flight = tmp_path / ".write-probe"  # the name each rank used to share: a rank's probe mid-check
+    in_flight.write_bytes(b"ok")
+    check_writable(tmp_path)
+    assert in_flight.read_bytes() == b"ok"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".write-probe"]  # its own probe removed
+
+
 def test_full_disk_fails_before_training(baseline, tmp_path, capsys, monkeypatch):
     import shutil
 

@@ -149,8 +149,10 @@ def test_the_warning_signal_saves_at_a_step_end_requeues_and_resumes_bit_exact(c
     out = paced.log.read_text()
     assert "SLURM's warning signal (SIGUSR1): saved" in out and f"requeued SLURM job {job_id}" in out, out[-4000:]
     stopped_at = assert_stopped_at_a_step_end(paced.run)
-    # SLURM holds a requeued job for a while (about two minutes) before it is eligible; no need to wait here
-    cluster.command("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+    # SLURM holds a requeued job for about two minutes before it is eligible; no need to wait that long here.
+    # Not "now" either: slurmd refuses a credential made in the same second as the old one's revocation
+    # ("Job credential revoked", the job FAILED), the race SLURM's hold is there to avoid.
+    cluster.command("scontrol", "update", f"JobId={job_id}", "StartTime=now+2")
     job = cluster.wait_until_done(job_id, timeout=300, log=paced.log)
     out = paced.log.read_text()
     assert (job["JobState"], job["ExitCode"], job["Restarts"]) == ("COMPLETED", "0:0", "1"), out[-4000:]

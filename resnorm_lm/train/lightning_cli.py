@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import shutil
 import sys
+import tempfile
 from datetime import timedelta
 from pathlib import Path
 
@@ -281,9 +282,10 @@ def check_writable(run_dir: Path) -> None:
     """Fail before training when the run directory cannot be written or the disk is (nearly) full."""
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / ".write-probe"
-        probe.write_bytes(b"ok")
-        probe.unlink()
+        # a name of this process's own: every DDP rank probes the same folder at the same moment
+        with tempfile.NamedTemporaryFile(dir=run_dir, prefix=".write-probe-") as probe:
+            probe.write(b"ok")
+            probe.flush()
     except OSError as err:
         raise UsageError(f"cannot write the run directory {run_dir}: {err}; choose --run.root elsewhere") from None
     free = shutil.disk_usage(run_dir).free
