@@ -203,6 +203,7 @@ def fits_in_this_process(monkeypatch):
     monkeypatch.setattr(sweep_runner, "subprocess", SimpleNamespace(run=run))
 
 
+@pytest.mark.training
 def test_a_tiny_sweep_interrupted_then_finished_picks_on_validation_and_tests_only_the_pick(
     tmp_path, fits_in_this_process
 ):
@@ -322,6 +323,7 @@ def test_the_data_compare_prepares_is_the_data_print_config_resolves(recipe, pro
     assert data_settings(recipe, profile, [*extra, "--data.vocab_size=many"]) is None  # as the CLI refuses it
 
 
+@pytest.mark.training
 def test_compare_hardware_pairs_the_same_runs_of_two_machines(tmp_path):
     def run(root: str, name: str, loss: float | None, diverged: bool = False) -> None:
         d = tmp_path / root / "prenorm-12l" / name
