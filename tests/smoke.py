@@ -1,5 +1,5 @@
 """What the test modules share: tiny offline corpora, the smoke profile's ``fit`` arguments, the command run in
-this process or in a fresh one, and what a run wrote (its per-step losses, its final weights)."""
+this process or in a fresh one, a tiny real sweep, and what a run wrote (its per-step losses, its final weights)."""
 
 from __future__ import annotations
 
@@ -156,7 +156,7 @@ def tiny_sweep(tmp_path: Path, corpus: str, *extra: str, train_args: str = "") -
             f"--trainer.val_check_interval={TINY_SWEEP_STEPS} "
             f"{train_args}",
             *extra]  # fmt: skip
-    return run_cli_captured(args)  # compare here; the fits it starts, in their own processes
+    return run_cli_captured(args)  # compare here; the fits it starts each in its own process (as the sweep does)
 
 
 # ---------------------------------------------------------------- what a run wrote
