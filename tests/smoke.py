@@ -15,6 +15,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+# At import, not inside run_cli: Lightning binds its log handler to the sys.stderr of the moment it is first
+# imported, which inside a test is capsys's, closed when that test ends (the next run then logs a traceback).
+from resnorm_lm.cli import main
+
 REPO = Path(__file__).resolve().parents[1]
 
 # ---------------------------------------------------------------- corpora
@@ -115,8 +119,6 @@ def smoke_args(corpus_glob: str, *extra: str, recipe: str = "prenorm-12l", cache
 
 def run_cli(args: list[str]) -> int:
     """``resnorm-lm <args>`` in this process: its exit code."""
-    from resnorm_lm.cli import main  # here: the data tests import this module without Lightning
-
     try:
         return main(args)
     except SystemExit as exit_:  # jsonargparse exits on parse errors; sys.exit("message") exits 1, as Python does
