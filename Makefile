@@ -32,7 +32,7 @@ NUMERIC_TESTS := tests/test_norms.py tests/test_norm_properties.py tests/test_tr
 	tests/test_placements.py tests/test_model.py tests/test_gradient_flow.py tests/test_precision.py \
 	tests/test_loss.py tests/test_cpu_attention.py
 
-.PHONY: help install test test-full test-avx2 lint format train data eval compare bench bench-kernels notebooks clean
+.PHONY: help install test test-quick test-full test-avx2 lint format train data eval compare bench bench-kernels notebooks clean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -51,8 +51,11 @@ install: ## Create .venv with the pinned dependencies, or repair a half-made one
 	@bash scripts/ensure_venv.sh $(PYTHON) $(VENV)
 	@$(MAKE) --no-print-directory $(STAMP)
 
-test: $(STAMP) ## Fast test suite (CPU, no network; installs first when needed)
+test: $(STAMP) ## Fast test suite (CPU, no network; installs first when needed): what CI runs
 	$(PY) -m pytest -q -m "not slow"
+
+test-quick: $(STAMP) ## The inner loop, under a minute: make test without the tests that train or start processes
+	$(PY) -m pytest -q -m "not slow and not training"
 
 test-full: $(STAMP) ## Every test, the slow ones included
 	$(PY) -m pytest -q

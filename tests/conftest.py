@@ -19,6 +19,16 @@ import torch  # noqa: E402
 
 from tests.smoke import run_cli_captured, smoke_args, write_corpus  # noqa: E402
 
+TRAINS = {"smoke_corpus", "recipe_run"}  # what every test that trains through the command takes, directly or not
+
+
+def pytest_collection_modifyitems(items):
+    """A test that trains through the command takes the session's corpus: marked ``training`` (left out of
+    ``make test-quick``) here, once, rather than by hand on each."""
+    for item in items:
+        if TRAINS & set(item.fixturenames):
+            item.add_marker(pytest.mark.training)
+
 
 @pytest.fixture(autouse=True, scope="session")
 def data_cache(tmp_path_factory) -> Path:

@@ -1,5 +1,5 @@
 """What the test modules share: tiny offline corpora, the smoke profile's ``fit`` arguments, the command run in
-this process or in a fresh one, and what a run wrote (its per-step losses, its final weights)."""
+this process or in a fresh one, a tiny real sweep, and what a run wrote (its per-step losses, its final weights)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+# At import, not inside run_cli: Lightning binds its log handler to the sys.stderr of the moment it is first
+# imported, which inside a test is capsys's, closed when that test ends (the next run then logs a traceback).
+from resnorm_lm.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -115,8 +119,6 @@ def smoke_args(corpus_glob: str, *extra: str, recipe: str = "prenorm-12l", cache
 
 def run_cli(args: list[str]) -> int:
     """``resnorm-lm <args>`` in this process: its exit code."""
-    from resnorm_lm.cli import main  # here: the data tests import this module without Lightning
-
     try:
         return main(args)
     except SystemExit as exit_:  # jsonargparse exits on parse errors; sys.exit("message") exits 1, as Python does
@@ -156,7 +158,7 @@ def tiny_sweep(tmp_path: Path, corpus: str, *extra: str, train_args: str = "") -
             f"--trainer.val_check_interval={TINY_SWEEP_STEPS} "
             f"{train_args}",
             *extra]  # fmt: skip
-    return run_cli_captured(args)  # compare here; the fits it starts, in their own processes
+    return run_cli_captured(args)  # compare here; the fits it starts each in its own process (as the sweep does)
 
 
 # ---------------------------------------------------------------- what a run wrote

@@ -54,6 +54,7 @@ def test_each_backend_is_exact_to_its_dtypes_rounding(dtype, backend):
         assert (g - e).abs().max().item() <= 16 * eps * e.abs().max().item()
 
 
+@pytest.mark.training
 def test_the_model_runs_attention_with_the_backend_chosen_for_the_dtype(monkeypatch, fresh_dynamo):
     cfg = GPTConfig(vocab_size=50, block_size=8, n_layer=1, n_head=2, n_embd=16)
     model, idx = GPT(cfg), torch.randint(0, 50, (2, 8))

@@ -264,6 +264,7 @@ def nonempty(path: Path, kind: str) -> None:
         assert data.decode().count("\n|") >= 3, path  # a markdown table with rows
 
 
+@pytest.mark.training
 def test_compare_with_depths_writes_every_figure_and_table(scripted_compare, capsys):
     assert scripted_compare.run("--recipes", "prenorm-12l", "resi_dual-12l", "--depths", "1", "2",
                                 "--seeds", "1", "2") == 0  # fmt: skip
@@ -299,6 +300,7 @@ def test_compare_with_depths_writes_every_figure_and_table(scripted_compare, cap
     assert not scripted_compare.trainers[-1].trained
 
 
+@pytest.mark.training
 def test_without_depths_compare_is_as_before_and_a_depth_sweep_reuses_the_recipes_own_runs(scripted_compare):
     assert scripted_compare.run("--recipes", "prenorm-12l") == 0
     before = sorted(p.name for p in (scripted_compare.runs / "prenorm-12l").iterdir())

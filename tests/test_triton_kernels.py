@@ -165,6 +165,7 @@ def test_placements_train_the_same_with_either_backend(placement, norm):
         opt.step()
 
 
+@pytest.mark.training
 def test_kernel_benchmark_smoke_under_the_interpreter():
     import subprocess
     import sys
@@ -201,6 +202,7 @@ def test_custom_operators_pass_opcheck():
         torch.library.opcheck(ops.add_norm_bwd, (*args, is_rms, torch.float32))
 
 
+@pytest.mark.training
 @pytest.mark.parametrize("placement", ["prenorm", "postnorm"])
 def test_torch_compile_traces_the_fused_kernels_with_dynamic_shapes(placement):
     """Compiled as one graph (fullgraph), then called with new batch shapes, as evaluation and generation
@@ -271,6 +273,7 @@ def probe():
     return json.loads(proc.stdout.splitlines()[-1])
 
 
+@pytest.mark.training
 @pytest.mark.parametrize("config", ["heuristic", "autotuned"])
 def test_compiled_graphs_launch_the_kernels_themselves_with_symbolic_rows(probe, config):
     """Outside the interpreter the operators are ``triton_op``s: traced as Inductor traces them (meta tensors,
@@ -289,6 +292,7 @@ def test_compiled_graphs_launch_the_kernels_themselves_with_symbolic_rows(probe,
     assert re.search(r"grid = \[\(floordiv", forward)  # cdiv(rows, BLOCK_M) programs, from the symbolic rows
 
 
+@pytest.mark.training
 def test_backward_accumulates_dw_db_in_2d_and_reduces_rows_once(probe):
     """In the backward's TTIR (768 wide: BLOCK_N 1024, 4-row tiles), the loop over row tiles carries the dW and
     dB partials as (4, 1024) fp32 tiles and reduces only within rows (to 4 values); the reduction across rows
