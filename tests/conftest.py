@@ -11,6 +11,11 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 # two runs of one seed then part in the 6th digit of a loss, and the tests that compare processes bit for bit
 # (exact resume) fail at random. Conditional Numerical Reproducibility, strict: the same bits on one CPU.
 os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+# One thread per process, here and in the processes the tests start: the tests' models are tiny, and with two
+# threads each op waits on a thread barrier; on a machine whose cores are busy with other work that wait is
+# 100 times the op (a 3-block, 32-wide forward: 0.28 s on 2 threads beside a training run, 3 ms on 1). A test
+# that needs more threads sets them itself.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from pathlib import Path  # noqa: E402
 
