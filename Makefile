@@ -32,6 +32,10 @@ NUMERIC_TESTS := tests/test_norms.py tests/test_norm_properties.py tests/test_tr
 	tests/test_placements.py tests/test_model.py tests/test_gradient_flow.py tests/test_precision.py \
 	tests/test_loss.py tests/test_cpu_attention.py
 
+# pytest-xdist: one worker per core, at most 4 (each test process runs one thread: tests/conftest.py), a test
+# file's tests kept in one worker so that its module fixtures are made once. TEST_WORKERS= runs one process.
+TEST_WORKERS ?= -n auto --maxprocesses=4 --dist loadfile
+
 .PHONY: help install test test-quick test-full test-avx2 lint format train data eval compare bench bench-kernels notebooks clean
 
 help: ## Show this help
@@ -51,17 +55,17 @@ install: ## Create .venv with the pinned dependencies, or repair a half-made one
 	@bash scripts/ensure_venv.sh $(PYTHON) $(VENV)
 	@$(MAKE) --no-print-directory $(STAMP)
 
-test: $(STAMP) ## Fast test suite (CPU, no network; installs first when needed): what CI runs
-	$(PY) -m pytest -q -m "not slow"
+test: $(STAMP) ## Fast test suite (CPU, no network; installs first when needed): what CI runs [TEST_WORKERS=]
+	$(PY) -m pytest -q $(TEST_WORKERS) -m "not slow"
 
 test-quick: $(STAMP) ## The inner loop, under a minute: make test without the tests that train or start processes
-	$(PY) -m pytest -q -m "not slow and not training"
+	$(PY) -m pytest -q -m "not slow and not training"  # one process: workers cost more to start than they save here
 
 test-full: $(STAMP) ## Every test, the slow ones included
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(TEST_WORKERS)
 
 test-avx2: $(STAMP) ## The numerical tests again with kernels capped at AVX2 (a CPU without AVX-512 or native bf16)
-	$(AVX2_ONLY) $(PY) -m pytest -q -m "not slow" $(NUMERIC_TESTS)
+	$(AVX2_ONLY) $(PY) -m pytest -q $(TEST_WORKERS) -m "not slow" $(NUMERIC_TESTS)
 
 lint: $(STAMP) ## ruff check and format check
 	$(VENV)/bin/ruff check resnorm_lm tests benchmarks notebooks/run_notebooks.py setup.py
