@@ -3,6 +3,7 @@ the unigram reference, the cost estimate, untied embeddings, and a tiny real swe
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
@@ -197,7 +198,7 @@ def fits_in_this_process(monkeypatch):
 
     def run(cmd, cwd, env, stdout, stderr):
         assert cmd[1:3] == ["-m", "resnorm_lm"] and stdout is None, cmd  # one job at a time, its output here
-        with sweep_runner.working_directory(cwd):
+        with contextlib.chdir(cwd):
             return subprocess.CompletedProcess(cmd, run_cli(cmd[3:]))
 
     monkeypatch.setattr(sweep_runner, "subprocess", SimpleNamespace(run=run))

@@ -12,7 +12,6 @@ import statistics
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -81,7 +80,7 @@ class SweepTrainer:
         if not todo:
             return
         print(f"compare: preparing the data before the {self.jobs} parallel jobs start", flush=True)
-        with working_directory(REPO_ROOT):  # where the jobs run: relative data.files and cache_dir mean the same
+        with contextlib.chdir(REPO_ROOT):  # where the jobs run: relative data.files and cache_dir mean the same
             for data in todo:
                 try:
                     TextDataModule(**data).prepare_data()
@@ -136,17 +135,6 @@ class SweepTrainer:
         elif self.jobs > 1:
             print(f"compare: finished {label} (log: {run_dir / 'train.log'})", flush=True)
         return code
-
-
-@contextlib.contextmanager
-def working_directory(path: Path) -> Iterator[None]:
-    """``contextlib.chdir`` of Python 3.11."""
-    before = os.getcwd()
-    os.chdir(path)
-    try:
-        yield
-    finally:
-        os.chdir(before)
 
 
 def profile_trainer(profile: str) -> dict:
