@@ -9,11 +9,13 @@ this environment's site-packages (a plain path: the editable install's finder th
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import site
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,6 +65,20 @@ def test_a_wheel_installed_into_a_fresh_venv_trains_the_smoke_profile_outside_th
                cwd=work, env=env)  # fmt: skip
     assert "RESULT run=runs/prenorm-12l/smoke-seed1 step=6 " in done.stdout, done.stdout[-2000:]
     assert (work / "runs" / "prenorm-12l" / "smoke-seed1" / "checkpoints" / "last.ckpt").is_file()
+    manifest = json.loads((work / "runs" / "prenorm-12l" / "smoke-seed1" / "manifest.json").read_text())
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert manifest["code_revision"] == f"resnorm-lm {version} (installed package)"  # not the git state around it
+
+
+def test_an_installed_package_runs_sweeps_in_the_current_directory_and_names_its_version(tmp_path, monkeypatch):
+    """From a wheel, REPO_ROOT is site-packages: a sweep's jobs run where the user is, not there."""
+    from resnorm_lm.train import runs
+
+    assert runs.source_checkout() == REPO and runs.working_root() == REPO  # this checkout
+    monkeypatch.setattr(runs, "REPO_ROOT", tmp_path / "site-packages")
+    monkeypatch.chdir(tmp_path)
+    assert runs.source_checkout() is None and runs.working_root() == tmp_path
+    assert runs.code_revision().startswith("resnorm-lm ") and runs.code_revision().endswith("(installed package)")
 
 
 def test_recipes_are_found_through_the_setting_then_in_the_package_then_in_the_checkout(tmp_path, monkeypatch):

@@ -20,7 +20,7 @@ import torch
 from resnorm_lm.analysis.data_settings import data_settings
 from resnorm_lm.analysis.sweep import RunSpec, estimate_seconds
 from resnorm_lm.train.recipes import recipe_depth
-from resnorm_lm.train.runs import REPO_ROOT, RunDir
+from resnorm_lm.train.runs import RunDir, working_root
 
 
 class SweepTrainer:
@@ -80,7 +80,7 @@ class SweepTrainer:
         if not todo:
             return
         print(f"compare: preparing the data before the {self.jobs} parallel jobs start", flush=True)
-        with contextlib.chdir(REPO_ROOT):  # where the jobs run: relative data.files and cache_dir mean the same
+        with contextlib.chdir(working_root()):  # where the jobs run: relative data.files and cache_dir mean the same
             for data in todo:
                 try:
                     TextDataModule(**data).prepare_data()
@@ -126,7 +126,7 @@ class SweepTrainer:
             out = (run_dir / "train.log").open("a")
             cmd.append("--trainer.enable_progress_bar=false")
         try:
-            code = subprocess.run(cmd, cwd=REPO_ROOT, env=env, stdout=out, stderr=out).returncode
+            code = subprocess.run(cmd, cwd=working_root(), env=env, stdout=out, stderr=out).returncode
         finally:
             if out is not None:
                 out.close()

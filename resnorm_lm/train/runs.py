@@ -23,7 +23,19 @@ from resnorm_lm.data.cache import write_json_atomic
 from resnorm_lm.model.gpt import count_parameters
 from resnorm_lm.train.precision import PrecisionChoice, cpu_features, native_bf16_flags
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[2]  # the repository in a source checkout; site-packages in a wheel
+
+
+def source_checkout() -> Path | None:
+    """The repository this code runs from, or None when it runs from an installed wheel (no pyproject.toml
+    beside the package: site-packages)."""
+    return REPO_ROOT if (REPO_ROOT / "pyproject.toml").is_file() else None
+
+
+def working_root() -> Path:
+    """Where a sweep's jobs run, so that relative paths (run roots, data files, caches) mean the same in each:
+    the repository in a source checkout, where make's commands run; else the current directory."""
+    return source_checkout() or Path.cwd()
 
 
 @dataclass
@@ -146,10 +158,17 @@ class RunDir:
 
 
 def code_revision() -> str:
-    """The git commit of the code, with '+dirty' when the tree has uncommitted changes."""
+    """The git commit of the code, with '+dirty' when the tree has uncommitted changes; an installed wheel's
+    version (never the git state of whatever repository its environment sits in)."""
+    checkout = source_checkout()
+    if checkout is None:
+        try:
+            return f"resnorm-lm {metadata.version('resnorm-lm')} (installed package)"
+        except metadata.PackageNotFoundError:
+            return "unknown"
     try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=checkout,
                                capture_output=True, text=True, check=True)  # fmt: skip
         return rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.CalledProcessError):
