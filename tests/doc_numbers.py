@@ -291,15 +291,16 @@ def seeds_give(quote: Quote) -> bool:
 
 def is_gap(quote: Quote, operands: list[Quote]) -> bool:
     """The quote is |a - b| for two other numbers verified in the section and printed alike, within their
-    rounding; a gap is under 1 (nats, bits per byte)."""
-    if quote.std is not None or quote.number.value >= 1:
+    rounding; a gap is under 1 (nats, bits per byte), and may carry its sign (-0.011)."""
+    gap = abs(quote.number.value)
+    if quote.std is not None or gap >= 1:
         return False
     for i, a in enumerate(operands):
         for b in operands[i + 1 :]:
             if a.number.decimals != b.number.decimals or quote in (a, b):
                 continue
             slack = a.number.half_unit + b.number.half_unit + quote.number.half_unit + 1e-9
-            if abs(abs(a.number.value - b.number.value) - quote.number.value) <= slack:
+            if abs(abs(a.number.value - b.number.value) - gap) <= slack:
                 return True
     return False
 
