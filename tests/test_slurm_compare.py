@@ -133,7 +133,7 @@ def test_compare_stopped_while_its_jobs_queue_and_run_again_submits_no_run_twice
             assert first.poll() is None and time.monotonic() < deadline, first.communicate()[0][-3000:]
             time.sleep(0.5)
         first.send_signal(signal.SIGINT)
-        out = first.communicate(timeout=60)[0]
+        out = first.communicate(timeout=180)[0]  # seen over 60 s once in CI (cause not found yet)
         assert first.returncode == 130 and "compare: stopped waiting; the SLURM jobs go on" in out, out[-3000:]
         queued = sweep_jobs(cluster, root)
         assert len(queued) == 2 and all(len(ids) == 1 for ids in queued.values()), queued
