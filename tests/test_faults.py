@@ -388,6 +388,63 @@ def test_write_probe_leaves_another_ranks_probe_alone(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [".write-probe"]  # its own probe removed
 
 
+def test_a_run_being_trained_by_another_process_is_refused_and_left_alone(baseline, tmp_path, capsys):
+    """`make train` twice on one run (or compare started again while a killed compare's runs still train):
+    the second is refused with who holds the run, before it writes anything, and the first's files stay."""
+    from resnorm_lm.train.run_lock import RunLock
+
+    root = tmp_path / "runs"
+    run_dir = root / "prenorm-12l" / "smoke-seed1"
+    assert run_cli(smoke_args(baseline["corpus"], f"--run.root={root}", *COMMON, "--trainer.max_steps=3")) == 0
+    files = [run_dir / "eval.json", run_dir / "metrics.csv", run_dir / "checkpoints" / "last.ckpt"]
+    before = [f.read_bytes() for f in files]
+    hold = f"from resnorm_lm.train.run_lock import RunLock; lock = RunLock({str(run_dir)!r}); lock.acquire(); "
+    holder = subprocess.Popen([sys.executable, "-c", hold + "print('held', flush=True); import time; time.sleep(120)"],
+                              cwd=REPO, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        code = run_cli(smoke_args(baseline["corpus"], f"--run.root={root}", *COMMON, "--ckpt_path=last"))
+        err = capsys.readouterr().err
+        assert code == 2 and "is being trained by another process" in err and f"pid {holder.pid} on " in err, err
+        assert [f.read_bytes() for f in files] == before
+    finally:
+        holder.kill()  # SIGKILL: the kernel releases its lock, nothing stale is left
+        holder.wait()
+    lock = RunLock(run_dir)
+    lock.acquire()  # free again at once
+    assert lock.held and f"pid {os.getpid()} on " in (run_dir / ".lock").read_text()
+    lock.release()
+
+
+def test_the_run_lock_is_released_when_the_run_ends(baseline, tmp_path):
+    """Trained then resumed in one process: the first fit's lock is gone by the second (the run's end released
+    it). Under DDP only rank 0 takes it: the DDP tests train with two ranks in one run directory."""
+    from resnorm_lm.train.run_lock import RunLock
+
+    root = tmp_path / "runs"
+    args = smoke_args(baseline["corpus"], f"--run.root={root}", *COMMON)
+    assert run_cli([*args, "--trainer.max_steps=3"]) == 0
+    assert run_cli([*args, "--ckpt_path=last"]) == 0
+    lock = RunLock(root / "prenorm-12l" / "smoke-seed1")
+    lock.acquire()
+    lock.release()
+
+
+def test_a_filesystem_without_locks_warns_and_trains(tmp_path, monkeypatch, capsys):
+    import errno
+    import fcntl
+
+    from resnorm_lm.train.run_lock import RunLock
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    lock = RunLock(tmp_path / "run")
+    lock.acquire()
+    assert not lock.held and "this filesystem has no file locks" in capsys.readouterr().err
+
+
 def test_full_disk_fails_before_training(baseline, tmp_path, capsys, monkeypatch):
     import shutil
 

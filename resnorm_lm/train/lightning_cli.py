@@ -30,6 +30,7 @@ from resnorm_lm.train.logging import ContinuedCSVLogger
 from resnorm_lm.train.monitors import SparseThroughputMonitor
 from resnorm_lm.train.precision import PrecisionChoice, PrecisionError, resolve_precision, uses_cuda
 from resnorm_lm.train.resume import CheckpointFacts, ResumeRequest, check_resume
+from resnorm_lm.train.run_lock import RunDirectoryInUse, RunLock
 from resnorm_lm.train.runs import RunConfig, RunDir, RunManifest, StopAfterSteps, run_directory
 from resnorm_lm.train.slurm import SlurmJob, cluster_plugins, preemption_callback, resume_after_requeue
 from resnorm_lm.train.trainer import Trainer
@@ -128,6 +129,12 @@ class ResnormCLI(LightningCLI):
                         "Resume with the same data, or start a new run"
                     )
             check_writable(self.run_dir)
+            self.run_lock = RunLock(self.run_dir)
+            if rank_zero_only.rank == 0:  # the other DDP ranks train the same run
+                try:
+                    self.run_lock.acquire()  # held until this process ends
+                except RunDirectoryInUse as err:
+                    raise UsageError(str(err)) from None
             for stale in remove_temp_files(RunDir(self.run_dir).checkpoints_dir):
                 print(f"resnorm-lm: removed {stale.name}, a checkpoint write that was killed midway", file=sys.stderr)
 
@@ -235,7 +242,10 @@ class ResnormCLI(LightningCLI):
     def _finish(self, preempted: bool) -> dict:
         from resnorm_lm.train.summary import finish_run
 
-        return finish_run(self.trainer, self.model, self.datamodule, self.run_config, self.run_dir, preempted)
+        try:
+            return finish_run(self.trainer, self.model, self.datamodule, self.run_config, self.run_dir, preempted)
+        finally:  # the run's files are written: another process may train it now (a resume in this one too)
+            self.run_lock.release()
 
 
 def check_settings(cfg) -> None:

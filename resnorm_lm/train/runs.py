@@ -77,6 +77,7 @@ class RunDir:
             metrics.csv     the logged metrics (one row per logged step)
             eval.json       the summary finish_run writes, with the evaluations ``resnorm-lm eval`` merges in
             checkpoints/    last.ckpt (the latest state: the final weights once finished), best.ckpt, step*.ckpt
+            .lock           held by the process training the run (resnorm_lm/train/run_lock.py)
 
     A file that is not there reads as empty ({}, or no checkpoints).
     """
