@@ -19,6 +19,7 @@ from resnorm_lm.data.errors import DataError
 from resnorm_lm.train.lightning_cli import EXIT_PREEMPTED, ResnormCLI, check_checkpoint_argument
 from resnorm_lm.train.preemption import Preempted
 from resnorm_lm.train.recipes import expand_recipe_arguments
+from resnorm_lm.train.run_lock import release_all
 
 TOOLS = {  # the commands beside LightningCLI's: the module whose main() each runs
     "eval": "resnorm_lm.analysis.evaluate",
@@ -88,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"resnorm-lm: error: {err}", file=sys.stderr)
         return 2
+    finally:
+        release_all()  # a fit that ended with an error leaves its run unlocked for the next call in this process
     return getattr(cli, "exit_code", 0)
 
 

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from resnorm_lm.analysis.plots import GRAD_NORMS, STREAM_RMS, rows_with
+from resnorm_lm.train.runs import RunDir
 
 METRICS = {"grad_norm": GRAD_NORMS, "stream_rms": STREAM_RMS}
 TINY = 1e-12  # a first block with nothing (no gradient at all): the ratio stays finite
@@ -44,7 +45,7 @@ class BlockRatio:
     @classmethod
     def of(cls, run_dir: Path, metric: str, above: float) -> BlockRatio:
         prefix = METRICS[metric]
-        if not (Path(run_dir) / "metrics.csv").is_file():
+        if not RunDir(run_dir).metrics_path.is_file():
             raise ValueError(f"{run_dir}: no metrics.csv there; give run directories (runs/<recipe>/<run>)")
         ratios = []  # (step, last block's value / first block's)
         for row in rows_with(run_dir, prefix):

@@ -23,6 +23,9 @@ LOCK_NAME = ".lock"
 NO_LOCKS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL})  # a filesystem without flock
 
 
+HELD: set[RunLock] = set()  # the locks this process holds: release_all() drops them
+
+
 class RunDirectoryInUse(RuntimeError):
     """Another live process holds the run directory's lock."""
 
@@ -62,12 +65,21 @@ class RunLock:
         f.write(f"pid {os.getpid()} on {socket.gethostname()}, since {started}\n")
         f.flush()
         self.file = f
+        HELD.add(self)
 
     def release(self) -> None:
         if self.file is not None:
             self.file.close()  # closing the descriptor releases the flock
             self.file = None
+        HELD.discard(self)
 
     @property
     def held(self) -> bool:
         return self.file is not None
+
+
+def release_all() -> None:
+    """Drop every run lock this process holds: a fit called in-process (``resnorm_lm.cli.main``) that ended with an
+    error leaves none behind for the next call (a process that ends drops its locks anyway)."""
+    for lock in list(HELD):
+        lock.release()
