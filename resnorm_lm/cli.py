@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"resnorm-lm: error: {err}", file=sys.stderr)
         return 2
     finally:
-        release_all()  # a fit that ended with an error leaves its run unlocked for the next call in this process
+        release_all()  # however the fit ended, its run is free for the next call in this process
     return getattr(cli, "exit_code", 0)
 
 

@@ -417,8 +417,8 @@ def test_a_run_being_trained_by_another_process_is_refused_and_left_alone(baseli
 
 
 def test_the_run_lock_is_released_when_the_run_ends(baseline, tmp_path):
-    """Trained then resumed in one process: the first fit's lock is gone by the second (the run's end released
-    it). Under DDP only rank 0 takes it: the DDP tests train with two ranks in one run directory."""
+    """Trained then resumed in one process: the first fit's lock is gone by the second (main() drops it when
+    the fit ends). Under DDP only rank 0 takes it: the DDP tests train with two ranks in one run directory."""
     from resnorm_lm.train.run_lock import RunLock
 
     root = tmp_path / "runs"

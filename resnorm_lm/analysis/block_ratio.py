@@ -23,7 +23,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from resnorm_lm.analysis.plots import GRAD_NORMS, STREAM_RMS, rows_with
+from resnorm_lm.analysis.plots import GRAD_NORMS, STREAM_RMS, layer_values, rows_with
 from resnorm_lm.train.runs import RunDir
 
 METRICS = {"grad_norm": GRAD_NORMS, "stream_rms": STREAM_RMS}
@@ -49,18 +49,13 @@ class BlockRatio:
             raise ValueError(f"{run_dir}: no metrics.csv there; give run directories (runs/<recipe>/<run>)")
         ratios = []  # (step, last block's value / first block's)
         for row in rows_with(run_dir, prefix):
-            values = [row[k] for k in sorted((k for k in row if k.startswith(prefix)), key=block_index)]
+            values = layer_values(row, prefix)
             ratios.append((int(row["step"]), values[-1] / max(values[0], TINY)))
         if not ratios:
             raise ValueError(f"{run_dir}: metrics.csv logs no per-block {metric} ({prefix}XX)")
         peak_step, peak = max(ratios, key=lambda r: r[1])
         above_count = sum(ratio > above for _, ratio in ratios)
         return cls(run_dir, ratios[0][1], peak, peak_step, above_count, len(ratios), ratios[-1][1])
-
-
-def block_index(column: str) -> int:
-    """``grad_norm/layer_07`` -> 7: blocks in their order at any depth (not the columns' string order)."""
-    return int(column.rsplit("_", 1)[1])
 
 
 def table(ratios: list[BlockRatio], metric: str, above: float) -> str:

@@ -89,8 +89,13 @@ STREAM_RMS = "stream_rms/layer_"  # metrics.csv: the RMS of the residual stream 
 
 
 def layer_values(row: dict[str, float], prefix: str = GRAD_NORMS) -> list[float]:
-    """A logged row's per-block values of the metric ``prefix``, block 0 first."""
-    return [row[k] for k in sorted(k for k in row if k.startswith(prefix))]
+    """A logged row's per-block values of the metric ``prefix``, block 0 first (by index: right past 99 blocks)."""
+    return [row[k] for k in sorted((k for k in row if k.startswith(prefix)), key=block_index)]
+
+
+def block_index(column: str) -> int:
+    """``grad_norm/layer_07`` -> 7."""
+    return int(column.rsplit("_", 1)[1])
 
 
 def rows_with(run_dir: Path, prefix: str) -> list[dict[str, float]]:

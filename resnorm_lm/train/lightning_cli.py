@@ -129,10 +129,9 @@ class ResnormCLI(LightningCLI):
                         "Resume with the same data, or start a new run"
                     )
             check_writable(self.run_dir)
-            self.run_lock = RunLock(self.run_dir)
             if rank_zero_only.rank == 0:  # the other DDP ranks train the same run
                 try:
-                    self.run_lock.acquire()  # held until this process ends
+                    RunLock(self.run_dir).acquire()  # held until main() ends (run_lock.release_all) or the process
                 except RunDirectoryInUse as err:
                     raise UsageError(str(err)) from None
             for stale in remove_temp_files(RunDir(self.run_dir).checkpoints_dir):
@@ -242,10 +241,7 @@ class ResnormCLI(LightningCLI):
     def _finish(self, preempted: bool) -> dict:
         from resnorm_lm.train.summary import finish_run
 
-        try:
-            return finish_run(self.trainer, self.model, self.datamodule, self.run_config, self.run_dir, preempted)
-        finally:  # the run's files are written: another process may train it now (a resume in this one too)
-            self.run_lock.release()
+        return finish_run(self.trainer, self.model, self.datamodule, self.run_config, self.run_dir, preempted)
 
 
 def check_settings(cfg) -> None:
