@@ -16,7 +16,7 @@ import sys
 import warnings
 
 from resnorm_lm.data.errors import DataError
-from resnorm_lm.train.lightning_cli import EXIT_PREEMPTED, ResnormCLI, check_checkpoint_argument
+from resnorm_lm.train.lightning_cli import ResnormCLI, check_checkpoint_argument
 from resnorm_lm.train.preemption import Preempted
 from resnorm_lm.train.recipes import expand_recipe_arguments
 from resnorm_lm.train.run_lock import release_all
@@ -82,8 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         if argv is None:
             sys.argv[1:] = args  # DDP relaunches sys.argv: the children get the resolved configs too
         cli = ResnormCLI(args=None if argv is None else args)
-    except Preempted:  # last.ckpt, eval.json and the RESULT line are written: leave now
-        return EXIT_PREEMPTED
+    except Preempted as stop:  # last.ckpt, eval.json and the RESULT line are written: leave now
+        return stop.exit_code
     except (ValueError, NotImplementedError, DataError) as err:  # config, recipe, data and checkpoint errors
         if os.environ.get("RESNORM_LM_DEBUG"):
             raise

@@ -7,6 +7,7 @@ RESNORM_LM_FAULT="<where>:<step>[:<rank>]" (only on that DDP rank), where is one
   partial     SIGKILL halfway through writing a checkpoint's temp file, at <step>
   sigterm     SIGTERM to itself during <step> (a scheduler's preemption notice)
   sigterm2    SIGTERM to itself twice during <step> (a scheduler, or a user, who insists)
+  sigint      SIGINT to itself during <step> (Ctrl-C at a terminal)
   sigterm_batch  SIGTERM to itself at the start of micro-batch <step>, counted from 0 over the run's
               micro-batches (with accumulation k: micro-batch j of step s's window is s * k + j); under
               DDP on every rank, or only on <rank> where given
@@ -88,8 +89,8 @@ class FaultProbe(L.Callback):
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         if self.where == "step" and trainer.global_step + 1 == self.step:
             _kill()
-        if self.where in ("sigterm", "sigterm2") and trainer.global_step + 1 == self.step:
-            _kill(signal.SIGTERM)
+        if self.where in ("sigterm", "sigterm2", "sigint") and trainer.global_step + 1 == self.step:
+            _kill(signal.SIGINT if self.where == "sigint" else signal.SIGTERM)
             if self.where == "sigterm2":
                 _kill(signal.SIGTERM)
         dying_rank = 1 if self.rank is None else self.rank

@@ -8,6 +8,7 @@ import csv
 import io
 import os
 import random
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -135,6 +136,12 @@ def run_cli_captured(args: list[str]) -> subprocess.CompletedProcess:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = run_cli(args)
     return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
+def default_sigint() -> None:
+    """For ``preexec_fn``, in a child before exec: SIGINT's default action, as a terminal's Ctrl-C finds it,
+    whatever this process inherited (a shell starts its background jobs with SIGINT ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def resnorm_lm_process(args: list[str], timeout: float = 300, **env: str) -> subprocess.CompletedProcess:

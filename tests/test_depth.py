@@ -17,6 +17,7 @@ import yaml
 
 from resnorm_lm.analysis import compare, sweep_runner
 from resnorm_lm.analysis.layer_contribution import angular_distance, measure, run_contribution, skipped
+from resnorm_lm.analysis.running_fits import RunningFits
 from resnorm_lm.analysis.sweep import Arm, RunSpec, Setting
 from resnorm_lm.analysis.sweep_rounds import run_sweep, sweep_arms
 from resnorm_lm.analysis.sweep_runner import step_seconds_at, step_seconds_by_blocks, timing_line
@@ -135,8 +136,7 @@ def test_the_trainer_trains_and_resumes_a_depth_with_its_override_and_the_cli_bu
     from resnorm_lm.train.recipes import expand_recipe_arguments
 
     commands = []
-    monkeypatch.setattr(sweep_runner, "subprocess", SimpleNamespace(run=lambda cmd, **k: commands.append(cmd) or
-                                                                subprocess.CompletedProcess(cmd, 0)))  # fmt: skip
+    monkeypatch.setattr(RunningFits, "run", lambda self, cmd, **k: commands.append(cmd) or 0)
     trainer = sweep_runner.SweepTrainer("smoke", str(tmp_path), [], jobs=1)
     deep, own = RunSpec("prenorm-12l", Setting(1e-3, 2), 1, depth=3), RunSpec("prenorm-12l", Setting(1e-3, 2), 1)
     (deep.run_dir(str(tmp_path), "smoke") / "checkpoints").mkdir(parents=True)

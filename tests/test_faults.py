@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -102,14 +103,39 @@ def validated_steps(run_dir: Path) -> list[int]:
         return [int(row["step"]) for row in __import__("csv").DictReader(f) if row.get("val/loss")]
 
 
-@pytest.mark.parametrize("fault, step", [("sigterm:3", 3), ("sigterm_validation:2", 2)], ids=["step", "validation"])
-def test_sigterm_saves_records_and_exits_at_once_then_resumes_exactly(baseline, tmp_path, monkeypatch, fault, step):
+@contextlib.contextmanager
+def sigint_handled(handler=signal.default_int_handler):
+    """SIGINT's handling in this process for the duration: Python's own (KeyboardInterrupt), as at a terminal,
+    whatever this process inherited (a shell starts its background jobs with SIGINT ignored), or ``handler``."""
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.parametrize(
+    "fault, step, code, said",
+    [
+        ("sigterm:3", 3, 143, "SIGTERM"),
+        ("sigterm_validation:2", 2, 143, "SIGTERM"),
+        ("sigint:3", 3, 130, "Ctrl-C (SIGINT)"),
+    ],
+    ids=["step", "validation", "ctrl-c"],
+)
+def test_sigterm_or_ctrl_c_saves_records_and_exits_at_once_then_resumes_exactly(
+    baseline, tmp_path, monkeypatch, fault, step, code, said
+):
     corpus, root = baseline["corpus"], tmp_path / "runs"
-    stopped = fit_here(monkeypatch, corpus, root, "--run.checkpoint_every=100", "--run.sample_tokens=20", fault=fault)
-    assert stopped.returncode == 143, stopped.stderr[-2000:]
-    assert "SIGTERM: saved" in stopped.stdout and "preempted=True" in stopped.stdout
-    assert "SAMPLE" not in stopped.stdout  # no end-of-run sample, and no end-of-run validation:
+    with sigint_handled():
+        stopped = fit_here(monkeypatch, corpus, root, "--run.checkpoint_every=100", "--run.sample_tokens=20",
+                           fault=fault)  # fmt: skip
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the run gave Ctrl-C back
+    assert stopped.returncode == code, stopped.stderr[-2000:]
     run_dir = root / "prenorm-12l" / "smoke-seed1"
+    assert f"{said}: saved {run_dir / 'checkpoints' / 'last.ckpt'} at step {step}" in stopped.stdout
+    assert "preempted=True" in stopped.stdout, stopped.stdout[-2000:]
+    assert "SAMPLE" not in stopped.stdout  # no end-of-run sample, and no end-of-run validation:
     assert step not in validated_steps(run_dir) or fault.startswith("sigterm:")
     assert all(s < step for s in validated_steps(run_dir))
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == step
@@ -130,6 +156,17 @@ def test_a_run_preempted_before_its_first_periodic_checkpoint_resumes_into_last_
     checkpoints = root / "prenorm-12l" / "smoke-seed1" / "checkpoints"
     assert not list(checkpoints.glob("last-v*.ckpt"))  # once seen: last-v1.ckpt written, last.ckpt left at step 2
     assert torch.load(checkpoints / "last.ckpt", weights_only=True)["global_step"] == TOTAL
+
+
+def test_a_run_started_with_ctrl_c_ignored_keeps_ignoring_it(baseline, tmp_path, monkeypatch):
+    """A shell's background job (``make train ... &``) starts with SIGINT ignored: the run leaves it so."""
+    corpus, root = baseline["corpus"], tmp_path / "runs"
+    with sigint_handled(signal.SIG_IGN):
+        finished = fit_here(monkeypatch, corpus, root, fault="sigint:3")
+    assert finished.returncode == 0 and "preempted=True" not in finished.stdout, finished.stderr[-2000:]
+    run_dir = root / "prenorm-12l" / "smoke-seed1"
+    assert json.loads((run_dir / "eval.json").read_text())["finished"] is True
+    assert_same_as_baseline(baseline, run_dir)
 
 
 def test_a_second_sigterm_exits_at_once(baseline, tmp_path):

@@ -18,7 +18,7 @@ import pytest
 
 from resnorm_lm.train.runs import RunDir
 from tests.slurm_cluster import SlurmCluster, slurm_cluster  # noqa: F401 (a fixture)
-from tests.smoke import write_corpus
+from tests.smoke import default_sigint, write_corpus
 
 pytestmark = pytest.mark.slow
 
@@ -75,11 +75,6 @@ def sweep_jobs(cluster: SlurmCluster, root: Path) -> dict[str, list[str]]:
         if comment.startswith(f"{root}/"):
             jobs.setdefault(comment.removeprefix(f"{root}/"), []).append(job_id)
     return jobs
-
-
-def default_sigint() -> None:
-    """In the child before exec: SIGINT's default action, whatever this process inherited."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def logs(root: Path) -> dict[str, list[str]]:

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import fcntl
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -29,7 +33,7 @@ from resnorm_lm.analysis.sweep import (
 )
 from resnorm_lm.data.unigram import unigram_cross_entropy
 from resnorm_lm.model.gpt import GPT, GPTConfig
-from tests.smoke import REPO, TINY_SWEEP_STEPS, run_cli, tiny_sweep, write_learnable_corpus
+from tests.smoke import REPO, TINY_SWEEP_STEPS, default_sigint, run_cli, tiny_sweep, write_learnable_corpus
 
 
 def outcomes(recipe: str, table: dict[tuple[float, int], list[float | None]]) -> list[RunOutcome]:
@@ -194,14 +198,14 @@ def test_untied_embeddings_have_their_own_head():
 def fits_in_this_process(monkeypatch):
     """compare's fits run in this process, not each in its own (test_eval's compare test starts those): the same
     commands, without a torch and Lightning import for each."""
-    from resnorm_lm.analysis import sweep_runner
+    from resnorm_lm.analysis.running_fits import RunningFits
 
-    def run(cmd, cwd, env, stdout, stderr):
+    def run(self, cmd, cwd, env, stdout, stderr):
         assert cmd[1:3] == ["-m", "resnorm_lm"] and stdout is None, cmd  # one job at a time, its output here
         with contextlib.chdir(cwd):
-            return subprocess.CompletedProcess(cmd, run_cli(cmd[3:]))
+            return run_cli(cmd[3:])
 
-    monkeypatch.setattr(sweep_runner, "subprocess", SimpleNamespace(run=run))
+    monkeypatch.setattr(RunningFits, "run", run)
 
 
 @pytest.mark.training
@@ -270,10 +274,51 @@ def test_a_tiny_sweep_interrupted_then_finished_picks_on_validation_and_tests_on
     assert "smoke-lr0.003-wu2-seed1" in sixth.stderr and "compare: training" not in sixth.stdout
 
 
+@pytest.mark.training
+@pytest.mark.parametrize("jobs, stop", [(1, signal.SIGINT), (2, signal.SIGTERM)], ids=["ctrl-c", "kill"])
+def test_a_stopped_compare_saves_its_runs_at_a_step_starts_no_other_and_exits(tmp_path, jobs, stop):
+    """Ctrl-C or ``kill`` to a local compare: its runs in training save last.ckpt at the end of their step and
+    stop, the run not yet started never starts, and compare exits with 128 + the signal once they have, its runs
+    left unfinished for the same command to resume."""
+    corpus = write_learnable_corpus(tmp_path / "corpus")
+    argv = [sys.executable, "-m", "resnorm_lm", "compare", "--recipes", "prenorm-12l", "--profile", "smoke",
+            "--lrs", "1e-3", "2e-3", "3e-3", "--warmups", "2", "--seeds", "1", "--jobs", str(jobs),
+            "--root", str(tmp_path / "runs"), "--results", str(tmp_path / "results"),
+            "--train-args", f"--data.corpus=text --data.files=[{corpus}] --data.cache_dir={tmp_path / 'cache'} "
+                            "--trainer.enable_progress_bar=false --trainer.max_steps=100000 "
+                            "--run.checkpoint_every=1"]  # fmt: skip
+    runs = [tmp_path / "runs" / "prenorm-12l" / f"smoke-lr{lr}-wu2-seed1" for lr in ("0.001", "0.002", "0.003")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    compare = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               preexec_fn=default_sigint)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while sum((run / "checkpoints" / "last.ckpt").is_file() for run in runs) < jobs:  # training: a step done
+            assert compare.poll() is None and time.monotonic() < deadline, compare.communicate()[0][-3000:]
+            time.sleep(0.2)
+        compare.send_signal(stop)
+        out = compare.communicate(timeout=120)[0]
+    finally:
+        if compare.poll() is None:
+            compare.kill()
+    assert compare.returncode == 128 + stop, out[-3000:]
+    assert f"compare: stopped by {signal.Signals(stop).name}; run the same command again" in out, out[-3000:]
+    started, never = runs[:jobs], runs[jobs:]
+    for run in started:
+        summary = json.loads((run / "eval.json").read_text())
+        assert summary["preempted"] is True and summary["finished"] is False, out[-3000:]
+        saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+        assert saved == summary["step"] > 0  # saved at the step it stopped at, not only the periodic one
+        with (run / ".lock").open("a") as lock:  # its fit has ended: the run's lock is free
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    assert not any(run.exists() for run in never), out[-3000:]
+
+
 def test_parallel_compare_prepares_the_data_once_before_the_jobs_start(tmp_path, monkeypatch, capsys):
     """JOBS=2 on a cold cache: the data the runs resolve to (profile, recipe and --train-args) is prepared
     in compare itself, once, before any job starts, so the jobs do not all build it at once."""
     from resnorm_lm.analysis import sweep_runner
+    from resnorm_lm.analysis.running_fits import RunningFits
     from resnorm_lm.data import datamodule
 
     corpus, cache = write_learnable_corpus(tmp_path / "corpus", n_files=6, words_per_file=100), tmp_path / "cache"
@@ -281,11 +326,11 @@ def test_parallel_compare_prepares_the_data_once_before_the_jobs_start(tmp_path,
     real_prepare = datamodule.prepare
     monkeypatch.setattr(datamodule, "prepare", lambda *a, **k: events.append("prepare") or real_prepare(*a, **k))
 
-    def job(cmd, **kwargs):  # a training job: sees how many prepared corpora the cache holds when it starts
+    def job(self, cmd, **kwargs):  # a training job: sees how many prepared corpora the cache holds when it starts
         events.append(("job", len(list(cache.glob("prepared/*/manifest.json")))))
-        return subprocess.CompletedProcess(cmd, 0)
+        return 0
 
-    monkeypatch.setattr(sweep_runner, "subprocess", SimpleNamespace(run=job))
+    monkeypatch.setattr(RunningFits, "run", job)
     extra = ["--data.corpus=text", f"--data.files=[{corpus}]", f"--data.cache_dir={cache}", "--data.vocab_size=300"]
     trainer = sweep_runner.SweepTrainer("smoke", str(tmp_path / "runs"), extra, jobs=2)
     specs = expand_grid(["prenorm-12l", "postnorm-12l"], grid_settings([1e-3, 3e-3], None), [1])

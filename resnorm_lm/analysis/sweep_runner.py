@@ -1,6 +1,7 @@
 """Training a sweep's runs: each a ``resnorm-lm fit`` subprocess, ``jobs`` at a time (one GPU each where there
-are enough, one log file each), the data prepared once before parallel jobs start, and the time it will take
-(seconds per step measured on the finished runs of the profile, by number of blocks).
+are enough, one log file each), the data prepared once before parallel jobs start, a stop passed on to the runs in
+training (running_fits.py), and the time it will take (seconds per step measured on the finished runs of the
+profile, by number of blocks).
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ import contextlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from resnorm_lm.analysis.data_settings import data_settings
+from resnorm_lm.analysis.running_fits import RunningFits
 from resnorm_lm.analysis.sweep import RunSpec, estimate_seconds
 from resnorm_lm.train.recipes import recipe_depth
 from resnorm_lm.train.runs import RunDir, working_root
@@ -33,6 +34,7 @@ class SweepTrainer:
         gpus = torch.cuda.device_count()
         self.gpu_per_job = gpus >= self.jobs > 1
         self.prepared: set[str] = set()  # data settings prepared by prepare_data (as JSON)
+        self.fits = RunningFits()
 
     def plan(self, specs: list[RunSpec], what: str, training: bool = True) -> list[RunSpec]:
         """Print how many runs there are to train and an estimate of the time; return those to train."""
@@ -57,13 +59,16 @@ class SweepTrainer:
         return todo
 
     def train_all(self, specs: list[RunSpec]) -> None:
-        if self.jobs == 1:
-            for spec in specs:
-                self.train(spec, slot=0)
-            return
-        self.prepare_data(specs)
-        with ThreadPoolExecutor(self.jobs) as pool:
-            list(pool.map(self._train_in_a_slot, specs))
+        """Train ``specs``; a stop signal meanwhile stops them at their next step and then compare (RunningFits)."""
+        if self.jobs > 1:
+            self.prepare_data(specs)
+        with self.fits.stoppable():
+            if self.jobs == 1:
+                for spec in specs:
+                    self.train(spec, slot=0)
+                return
+            with ThreadPoolExecutor(self.jobs) as pool:
+                list(pool.map(self._train_in_a_slot, specs))
 
     def prepare_data(self, specs: list[RunSpec]) -> None:
         """Prepare the data of ``specs`` here, once, before parallel jobs start: on a cold cache they would
@@ -107,7 +112,10 @@ class SweepTrainer:
         depth = "" if spec.depth is None else f", {spec.depth} layers"
         return f"{spec.recipe} ({self.profile}{depth}, {spec.setting.describe()}, seed {spec.seed})"
 
-    def train(self, spec: RunSpec, slot: int) -> int:
+    def train(self, spec: RunSpec, slot: int) -> int | None:
+        """Train ``spec``'s run and return the fit's exit code; None when compare is stopping (nothing started)."""
+        if self.fits.stops:
+            return None
         run_dir = spec.run_dir(self.root, self.profile)
         resume = RunDir(run_dir).state() == "unfinished"
         cmd = [sys.executable, "-m", "resnorm_lm", "fit", "--recipe", spec.recipe, "--profile", self.profile,
@@ -126,10 +134,12 @@ class SweepTrainer:
             out = (run_dir / "train.log").open("a")
             cmd.append("--trainer.enable_progress_bar=false")
         try:
-            code = subprocess.run(cmd, cwd=working_root(), env=env, stdout=out, stderr=out).returncode
+            code = self.fits.run(cmd, cwd=working_root(), env=env, stdout=out, stderr=out)
         finally:
             if out is not None:
                 out.close()
+        if code is None:
+            return None
         if code != 0:
             print(f"compare: {label} ended with exit code {code}", file=sys.stderr, flush=True)
         elif self.jobs > 1:

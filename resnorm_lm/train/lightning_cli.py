@@ -37,7 +37,6 @@ from resnorm_lm.train.trainer import Trainer
 
 MIN_FREE_DISK_BYTES = 200 * 2**20  # refuse to start a run with less free space than this
 EXIT_DIVERGED = 3  # the run diverged: last.ckpt is the last good state
-EXIT_PREEMPTED = 143  # stopped by SIGTERM after saving last.ckpt (128 + 15, as a killed process)
 
 
 class UsageError(ValueError):

@@ -1,4 +1,5 @@
-"""Preemption: on SIGTERM, save last.ckpt at the end of the current optimizer step and leave at once."""
+"""Preemption: on SIGTERM (or a first Ctrl-C), save last.ckpt at the end of the current optimizer step and leave
+at once."""
 
 from __future__ import annotations
 
@@ -14,11 +15,17 @@ from resnorm_lm.train.step_boundary import StepBoundary
 
 
 class Preempted(Exception):  # noqa: N818 (a request, not an error)
-    """Raised once a SIGTERM's checkpoint and summary are written: the process exits 143 without more work."""
+    """Raised once a stop signal's checkpoint and summary are written: the process exits with ``exit_code``
+    (128 + the signal: 143 for SIGTERM, 130 for Ctrl-C, as if the signal had ended it) without more work."""
+
+    def __init__(self, message: str, exit_code: int = 128 + signal.SIGTERM) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 class PreemptOnSigterm(StepBoundary):
-    """On SIGTERM (SLURM and most schedulers send it before SIGKILL), save last.ckpt and leave at once.
+    """On SIGTERM (SLURM and most schedulers send it before SIGKILL), or a first Ctrl-C, save last.ckpt and leave
+    at once.
 
     The signal only sets a flag. At the end of the current optimizer step (with
     gradient accumulation: after the last micro-batch of the current window, whose
@@ -26,9 +33,11 @@ class PreemptOnSigterm(StepBoundary):
     pass that follows a finished step, the callback writes last.ckpt atomically,
     calls ``on_preempted`` (which records the run as preempted and prints its
     RESULT line) and raises ``Preempted``: no end-of-run evaluation, no sample,
-    so the process ends within one step plus one checkpoint write. A second
-    SIGTERM or a SIGINT meanwhile exits at once; the checkpoint being written
-    stays atomic (its temp file is removed at the next start). Under DDP the
+    so the process ends within one step plus one checkpoint write. A SIGINT
+    (Ctrl-C) does the same, unless the process started with SIGINT ignored (a
+    shell's background job), which it keeps. A second signal of either kind
+    meanwhile exits at once; the checkpoint being written stays atomic (its
+    temp file is removed at the next start). Under DDP the
     flag is shared across ranks every ``ddp_check_every`` optimizer steps (a
     collective and a host sync, so not at every step), at the same micro-batch
     on every rank, and all ranks stop at the same step.
@@ -41,19 +50,27 @@ class PreemptOnSigterm(StepBoundary):
         self.on_preempted = on_preempted
         self.ddp_check_every = max(1, ddp_check_every)
         self.requested = False
+        self.signal_name = "SIGTERM"  # the stop signal this rank received (another rank's: SIGTERM)
+        self.exit_code = 128 + signal.SIGTERM
         self.saved_at_step: int | None = None
         # whether the last training micro-batch ended its optimizer step; a run starts (or resumes) at a step
         self.at_step_boundary = True
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # after Lightning registers its own handler (which would stop mid-validation without saving)
+        # after Lightning registers its own handlers (its SIGTERM one would stop mid-validation without saving,
+        # and Ctrl-C's KeyboardInterrupt stops without saving); Lightning's teardown restores the previous ones
         signal.signal(signal.SIGTERM, self._on_signal)
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+            signal.signal(signal.SIGINT, self._on_signal)
 
     def _on_signal(self, signum, frame) -> None:
         if self.requested:  # asked twice: the user or scheduler wants out now
             os._exit(128 + signum)
         self.requested = True
-        signal.signal(signal.SIGINT, self._on_signal)
+        self.signal_name = "Ctrl-C (SIGINT)" if signum == signal.SIGINT else signal.Signals(signum).name
+        self.exit_code = 128 + signum
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+            signal.signal(signal.SIGINT, self._on_signal)
 
     def _requested_on_any_rank(self, trainer: L.Trainer, count: int) -> bool:
         """``count`` (a step or batch index, the same on every rank) says when the ranks compare flags."""
@@ -67,12 +84,12 @@ class PreemptOnSigterm(StepBoundary):
         trainer.save_checkpoint(self.checkpoint_path, weights_only=False)  # optimizer, loops, callbacks too
         self.saved_at_step = trainer.global_step
         if trainer.is_global_zero:
-            print(f"resnorm-lm: SIGTERM: saved {self.checkpoint_path} at step {trainer.global_step}; "
+            print(f"resnorm-lm: {self.signal_name}: saved {self.checkpoint_path} at step {trainer.global_step}; "
                   "continue with RESUME=last", flush=True)  # fmt: skip
 
     def _leave(self) -> None:
         self.on_preempted()
-        raise Preempted(f"preempted at step {self.saved_at_step}")
+        raise Preempted(f"preempted at step {self.saved_at_step}", self.exit_code)
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         # mid-window, train on to the window's end (StepBoundary); every rank has the same windows, so the

@@ -113,6 +113,7 @@ class RequeueOnWarning(PreemptOnSigterm):
     def _on_warning(self, signum, frame) -> None:
         self.warned = True
         self._on_signal(signum, frame)
+        self.exit_code = 128 + signal.SIGTERM  # as a job stopped by SLURM's SIGTERM: its docs' exit-code table
 
     def _save(self, trainer: L.Trainer) -> None:
         if not self.warned:
@@ -127,7 +128,7 @@ class RequeueOnWarning(PreemptOnSigterm):
         self.on_preempted()
         if rank_zero_only.rank == 0:
             print(self._requeue() if self.warned else self._after_sigterm(), flush=True)
-        raise Preempted(f"preempted at step {self.saved_at_step}")
+        raise Preempted(f"preempted at step {self.saved_at_step}", self.exit_code)
 
     def _requeue(self) -> str:
         error = self.job.requeue()
