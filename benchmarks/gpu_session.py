@@ -159,7 +159,7 @@ class Session:
         except BaseException:  # the session itself stopped (SIGTERM, Ctrl-C): leave no process group behind
             signal_group(proc.pid, signal.SIGKILL)
             raise
-        wait_for_group(proc.pid, grace_s if cut else 5)  # grandchildren (training runs) saving their checkpoints
+        wait_for_group(proc.pid, grace_s if cut else 5)  # grandchildren saving (compare's fits: compare waits)
         reader.join(timeout=10)
         return None if cut else proc.returncode
 

@@ -15,6 +15,7 @@ import os
 import sys
 import warnings
 
+from resnorm_lm.analysis.running_fits import stop_with_compare
 from resnorm_lm.data.errors import DataError
 from resnorm_lm.train.lightning_cli import ResnormCLI, check_checkpoint_argument
 from resnorm_lm.train.preemption import Preempted
@@ -67,6 +68,8 @@ def command_list() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # a process of its own: stop with the compare that started it, if one did
+        stop_with_compare()
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):  # LightningCLI's own help would list only fit/validate/test
         print(command_list(), file=sys.stdout if args else sys.stderr)

@@ -65,8 +65,9 @@ subprocess.run([sys.executable, "-c", saver, sys.argv[1]])  # as compare runs ea
 
 @pytest.mark.training
 def test_a_step_past_its_budget_stops_its_whole_process_group_and_waits_for_checkpoints(tmp_path, monkeypatch):
-    """A depth round past its budget: compare and the fits it runs all get SIGTERM (a fit then saves its
-    checkpoint), and the step waits for them before the next one starts."""
+    """A step past its budget: every process of its group gets SIGTERM (here a child's child, which then saves),
+    and the step waits for them before the next one starts. (compare's fits train in groups of their own:
+    compare passes its SIGTERM on and waits for them, tests/test_sweep.py.)"""
     monkeypatch.setattr(gpu_session, "MIN_STEP_S", 1)
     s = session(tmp_path)
     marker = tmp_path / "saved.txt"

@@ -274,12 +274,27 @@ def test_a_tiny_sweep_interrupted_then_finished_picks_on_validation_and_tests_on
     assert "smoke-lr0.003-wu2-seed1" in sixth.stderr and "compare: training" not in sixth.stdout
 
 
+def wait_until_free(run: Path, seconds: float) -> None:
+    """Wait at most ``seconds`` until no process holds the run's lock (its fit has ended); fail if one still does."""
+    deadline = time.monotonic() + seconds
+    while True:
+        with (run / ".lock").open("a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                assert time.monotonic() < deadline, f"{run} is still being trained"
+        time.sleep(0.2)
+
+
 @pytest.mark.training
-@pytest.mark.parametrize("jobs, stop", [(1, signal.SIGINT), (2, signal.SIGTERM)], ids=["ctrl-c", "kill"])
-def test_a_stopped_compare_saves_its_runs_at_a_step_starts_no_other_and_exits(tmp_path, jobs, stop):
+@pytest.mark.parametrize(
+    "jobs, stop", [(1, signal.SIGINT), (2, signal.SIGTERM), (2, signal.SIGKILL)], ids=["ctrl-c", "kill", "kill-9"]
+)
+def test_a_stopped_compare_saves_its_runs_at_a_step_and_starts_no_other(tmp_path, jobs, stop):
     """Ctrl-C or ``kill`` to a local compare: its runs in training save last.ckpt at the end of their step and
     stop, the run not yet started never starts, and compare exits with 128 + the signal once they have, its runs
-    left unfinished for the same command to resume."""
+    left unfinished for the same command to resume. After ``kill -9`` the kernel stops the runs the same way."""
     corpus = write_learnable_corpus(tmp_path / "corpus")
     argv = [sys.executable, "-m", "resnorm_lm", "compare", "--recipes", "prenorm-12l", "--profile", "smoke",
             "--lrs", "1e-3", "2e-3", "3e-3", "--warmups", "2", "--seeds", "1", "--jobs", str(jobs),
@@ -301,16 +316,18 @@ def test_a_stopped_compare_saves_its_runs_at_a_step_starts_no_other_and_exits(tm
     finally:
         if compare.poll() is None:
             compare.kill()
-    assert compare.returncode == 128 + stop, out[-3000:]
-    assert f"compare: stopped by {signal.Signals(stop).name}; run the same command again" in out, out[-3000:]
     started, never = runs[:jobs], runs[jobs:]
+    if stop == signal.SIGKILL:
+        assert compare.returncode == -signal.SIGKILL, out[-3000:]
+    else:
+        assert compare.returncode == 128 + stop, out[-3000:]
+        assert f"compare: stopped by {signal.Signals(stop).name}; run the same command again" in out, out[-3000:]
     for run in started:
+        wait_until_free(run, 60 if stop == signal.SIGKILL else 0)  # else compare waited for its fits
         summary = json.loads((run / "eval.json").read_text())
         assert summary["preempted"] is True and summary["finished"] is False, out[-3000:]
         saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
         assert saved == summary["step"] > 0  # saved at the step it stopped at, not only the periodic one
-        with (run / ".lock").open("a") as lock:  # its fit has ended: the run's lock is free
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     assert not any(run.exists() for run in never), out[-3000:]
 
 

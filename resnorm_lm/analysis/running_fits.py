@@ -6,8 +6,8 @@ one SIGTERM to each running fit's group (every DDP rank of it), and each saves `
 optimizer step and exits (resnorm_lm/train/preemption.py). No further run starts, and compare exits with 128 + the
 signal once its fits have; the same command resumes the sweep. A second stop sends a second SIGTERM, on which the
 fits exit at once. A signal that compare started with ignored (Ctrl-C in a shell's background job, SIGHUP under
-``nohup``) stays ignored. SIGKILL cannot be passed on: after one, the fits train on to their end, and a compare
-started again meanwhile is refused their runs by each run's lock until they have.
+``nohup``) stays ignored. SIGKILL cannot be passed on; on Linux the kernel passes it on instead, as a SIGTERM to
+each fit when compare dies (``stop_with_compare``, which each fit calls as it starts).
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ import sys
 from collections.abc import Iterator
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+COMPARE_PID = "RESNORM_LM_COMPARE_PID"  # set for each fit compare starts: compare's pid
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 class RunningFits:
@@ -34,7 +36,8 @@ class RunningFits:
         """Run ``cmd`` to its end and return its exit code; None, without starting it, after a stop."""
         if self.stops:
             return None
-        process = subprocess.Popen(cmd, start_new_session=True, **popen)
+        env = {**(popen.pop("env", None) or os.environ), COMPARE_PID: str(os.getpid())}
+        process = subprocess.Popen(cmd, start_new_session=True, env=env, **popen)
         self.sent[process] = 0
         try:
             self._pass_stops_on(process)  # a stop that came while it started
@@ -80,3 +83,19 @@ class RunningFits:
             self.sent[process] += 1
             with contextlib.suppress(ProcessLookupError):  # it has just ended
                 os.killpg(process.pid, signal.SIGTERM)
+
+
+def stop_with_compare() -> None:
+    """In a fit that compare started: have the kernel send this process SIGTERM when compare dies, however it
+    dies (Linux; elsewhere nothing), so that a ``kill -9`` of compare stops its fits as a ``kill`` does. The
+    variable is taken out of the environment, so that processes this fit starts (its DDP ranks) are left alone."""
+    compare_pid = os.environ.pop(COMPARE_PID, None)
+    if compare_pid is None or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
+        return  # not allowed here (a sandbox): the fit trains on if compare dies, as it would elsewhere
+    if os.getppid() != int(compare_pid):  # compare died before the request took hold
+        os.kill(os.getpid(), signal.SIGTERM)
