@@ -6,8 +6,9 @@ one SIGTERM to each running fit's group (every DDP rank of it), and each saves `
 optimizer step and exits (resnorm_lm/train/preemption.py). No further run starts, and compare exits with 128 + the
 signal once its fits have; the same command resumes the sweep. A second stop sends a second SIGTERM, on which the
 fits exit at once. A signal that compare started with ignored (Ctrl-C in a shell's background job, SIGHUP under
-``nohup``) stays ignored. SIGKILL cannot be passed on; on Linux the kernel passes it on instead, as a SIGTERM to
-each fit when compare dies (``stop_with_compare``, which each fit calls as it starts).
+``nohup``) stays ignored. SIGKILL cannot be passed on; on Linux the kernel passes it on instead: when compare dies
+each fit gets ``LAUNCHER_GONE``, on which it stops the same way (``stop_with_compare``, which each fit calls as it
+starts).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+
+from resnorm_lm.train.preemption import LAUNCHER_GONE
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 COMPARE_PID = "RESNORM_LM_COMPARE_PID"  # set for each fit compare starts: compare's pid
@@ -86,8 +89,8 @@ class RunningFits:
 
 
 def stop_with_compare() -> None:
-    """In a fit that compare started: have the kernel send this process SIGTERM when compare dies, however it
-    dies (Linux; elsewhere nothing), so that a ``kill -9`` of compare stops its fits as a ``kill`` does. The
+    """In a fit that compare started: have the kernel send this process ``LAUNCHER_GONE`` when compare dies, however
+    it dies (Linux; elsewhere nothing), so that a ``kill -9`` of compare stops its fits as a ``kill`` does. The
     variable is taken out of the environment, so that processes this fit starts (its DDP ranks) are left alone."""
     compare_pid = os.environ.pop(COMPARE_PID, None)
     if compare_pid is None or not sys.platform.startswith("linux"):
@@ -95,7 +98,7 @@ def stop_with_compare() -> None:
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
+    if libc.prctl(PR_SET_PDEATHSIG, LAUNCHER_GONE) != 0:
         return  # not allowed here (a sandbox): the fit trains on if compare dies, as it would elsewhere
     if os.getppid() != int(compare_pid):  # compare died before the request took hold
-        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), LAUNCHER_GONE)

@@ -13,6 +13,11 @@ import lightning as L
 
 from resnorm_lm.train.step_boundary import StepBoundary
 
+# What a fit that ``compare`` started gets from the kernel when compare dies (resnorm_lm/analysis/running_fits.py):
+# a stop like SIGTERM's, but never the "second signal, out at once" one, as the kernel may send it more than once
+# (once for each of compare's threads that exits after taking the fit over)
+LAUNCHER_GONE = signal.SIGUSR2
+
 
 class Preempted(Exception):  # noqa: N818 (a request, not an error)
     """Raised once a stop signal's checkpoint and summary are written: the process exits with ``exit_code``
@@ -62,12 +67,19 @@ class PreemptOnSigterm(StepBoundary):
         signal.signal(signal.SIGTERM, self._on_signal)
         if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
             signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(LAUNCHER_GONE, self._on_launcher_gone)
+
+    def _on_launcher_gone(self, signum, frame) -> None:
+        if not self.requested:
+            self._on_signal(signum, frame)
 
     def _on_signal(self, signum, frame) -> None:
         if self.requested:  # asked twice: the user or scheduler wants out now
             os._exit(128 + signum)
         self.requested = True
-        self.signal_name = "Ctrl-C (SIGINT)" if signum == signal.SIGINT else signal.Signals(signum).name
+        self.signal_name = {signal.SIGINT: "Ctrl-C (SIGINT)", LAUNCHER_GONE: "its compare ended"}.get(
+            signum, signal.Signals(signum).name
+        )
         self.exit_code = 128 + signum
         if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
             signal.signal(signal.SIGINT, self._on_signal)
