@@ -21,4 +21,13 @@ if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null
         "Name one: make install PYTHON=python3.11" >&2
     exit 2
 fi
+# A new environment takes about 2.5 GB (torch 0.75, triton 1.0, the rest 0.75; measured on Linux x86_64 with the
+# CPU build of torch): a disk with less free space is refused here, before pip fills it and stops half way.
+needs_mb=${RESNORM_LM_INSTALL_NEEDS_MB:-2700}
+free_mb=$(df -Pm "$(dirname "$venv")" 2>/dev/null | awk 'NR == 2 {print $4}')
+if [ -n "$free_mb" ] && [ "$free_mb" -lt "$needs_mb" ]; then
+    echo "make install: the environment needs about $needs_mb MB and only $free_mb MB are free on the disk" \
+        "that holds $venv. Free some space (pip cache purge; old runs under runs/) and run make install again." >&2
+    exit 2
+fi
 "$python" -m venv "$venv"
