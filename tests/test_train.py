@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -112,6 +113,18 @@ def test_warmup_then_cosine_to_the_floor():
     assert lr[110] == pytest.approx(0.1) and lr[119] == pytest.approx(0.1)
     assert all(a >= b for a, b in zip(lr[9:], lr[10:]))
     assert warmup_cosine(0, warmup_steps=0, max_steps=10, min_lr_ratio=0.0) == pytest.approx(1.0)
+
+
+def test_a_warmup_as_long_as_the_run_warns_that_the_lr_never_reaches_its_peak():
+    from resnorm_lm.train.optim import build_optimizer
+
+    model = torch.nn.Linear(4, 4)
+    with pytest.warns(UserWarning, match=r"warmup_steps \(800\) is not below the run's 500 steps.*62%.*never decays"):
+        _, schedule = build_optimizer(model, OptimConfig(lr=1e-2, warmup_steps=800), 500)
+    assert schedule.lr_lambdas[0](499) == pytest.approx(500 / 800)  # still rising at the last step
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        build_optimizer(model, OptimConfig(lr=1e-2, warmup_steps=400), 500)
 
 
 def test_weight_decay_only_on_matrices():

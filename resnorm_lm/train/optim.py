@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -78,6 +79,11 @@ def build_optimizer(
     """
     if max_steps is None or max_steps <= 0:
         raise ValueError("the cosine schedule needs --trainer.max_steps > 0 (the profiles set it)")
+    if cfg.warmup_steps >= max_steps:
+        peak = max_steps / cfg.warmup_steps
+        warnings.warn(f"optim.warmup_steps ({cfg.warmup_steps}) is not below the run's {max_steps} steps: the LR "
+                      f"rises for the whole run to {peak:.0%} of its peak and never decays. For warmup then "
+                      f"cosine, set --model.optim.warmup_steps below {max_steps}.", stacklevel=2)  # fmt: skip
     if fused is None:
         fused = all(p.device.type in FUSED_ADAMW_DEVICES for p in model.parameters())
     optimizer = torch.optim.AdamW(
