@@ -259,7 +259,8 @@ def nonempty(path: Path, kind: str) -> None:
         assert data.startswith(b"\x89PNG") and len(data) > 5_000, path
     elif kind == "csv":
         rows = list(csv.DictReader(path.open()))
-        assert rows and all(rows[0].values()), path
+        optional = {"warmup_edge"}  # empty where the warmup is inside its grid, as in a sweep of one warmup
+        assert rows and all(v for k, v in rows[0].items() if k not in optional), path
     else:
         assert data.decode().count("\n|") >= 3, path  # a markdown table with rows
 

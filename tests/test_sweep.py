@@ -76,6 +76,21 @@ def test_lr_at_the_edge_of_the_grid_is_flagged():
     assert select("x", outcomes("x", {(1e-3, 200): [5.0], (1e-3, 50): [5.1]})).lr_edge is None  # one lr: no edge
 
 
+def test_a_warmup_at_the_edge_is_flagged_and_each_axis_is_read_along_the_chosen_row():
+    # a 2-D grid as swept in stages: every lr at warmup 200, then two lrs at 400 and one at 800
+    grid = {(5e-4, 200): [5.6], (1e-3, 200): [5.3], (2e-3, 200): [6.4], (4e-3, 200): [6.4],
+            (1e-3, 400): [5.2], (2e-3, 400): [5.1]}  # fmt: skip
+    top = select("x", outcomes("x", grid))
+    assert top.chosen.setting == Setting(2e-3, 400)
+    assert top.lr_edge == "highest"  # the highest lr run at warmup 400, though not of the whole grid
+    assert top.warmup_edge == "highest"
+    inside = select("x", outcomes("x", {**grid, (4e-3, 400): [6.4], (2e-3, 800): [5.3]}))
+    assert inside.chosen.setting == Setting(2e-3, 400) and inside.lr_edge is None and inside.warmup_edge is None
+    low = select("x", outcomes("x", {(1e-3, 100): [5.0], (1e-3, 200): [5.1]}))
+    assert low.warmup_edge == "lowest" and low.lr_edge is None  # one lr at that warmup: no lr edge
+    assert select("x", outcomes("x", {(1e-3, None): [5.0], (2e-3, None): [5.1]})).warmup_edge is None
+
+
 def test_the_runner_up_gets_seeds_only_when_within_the_seed_spread():
     close = select("x", outcomes("x", {(1e-3, 200): [5.00, 5.10, 4.90], (2e-3, 200): [5.05]}))
     assert close.confirm == [Setting(1e-3, 200), Setting(2e-3, 200)]  # 0.05 apart, spread 0.1
@@ -233,6 +248,7 @@ def test_a_tiny_sweep_interrupted_then_finished_picks_on_validation_and_tests_on
     assert len(table) == 1 and float(table[0]["lr"]) == 3e-3 and table[0]["n_seeds"] == "2"
     assert table[0]["status"] == "ok" and float(table[0]["val_loss_mean"]) < float(table[0]["unigram_loss"]) - 0.1
     assert table[0]["lr_edge"] == "highest" and "(highest of grid)" in second.stdout
+    assert table[0]["warmup_edge"] == ""  # one warmup: no edge
     assert table[0]["init"] == "gpt2" and "Init: `gpt2` in every run" in second.stdout
     assert float(table[0]["test_loss_mean"]) > 0
     for run_dir in runs.iterdir():  # test evaluated at the chosen setting only

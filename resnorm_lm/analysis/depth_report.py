@@ -19,8 +19,8 @@ from resnorm_lm.data.cache import atomic_write, write_csv_atomic
 
 def depth_rows(table: list[dict]) -> list[dict]:
     """depth.csv: each (recipe, depth) at its pick, with its size and the tokens it saw per parameter."""
-    keys = ["recipe", "n_layer", "params", "tokens", "lr", "warmup", "lr_edge", "n_seeds", "val_loss_mean",
-            "val_loss_std", "test_loss_mean", "test_loss_std", "status"]  # fmt: skip
+    keys = ["recipe", "n_layer", "params", "tokens", "lr", "warmup", "lr_edge", "warmup_edge", "n_seeds",
+            "val_loss_mean", "val_loss_std", "test_loss_mean", "test_loss_std", "status"]  # fmt: skip
     rows = []
     for r in sorted(table, key=lambda r: (r["recipe"], r.get("n_layer") or 0)):
         row = {k: r.get(k) for k in keys}
@@ -49,6 +49,7 @@ def depth_markdown(rows: list[dict], unigram: float | None, command: str) -> str
                 cells.append(r["status"])
                 continue
             notes = [f"{r['lr_edge']} of grid"] if r.get("lr_edge") else []
+            notes += [f"warmup {r['warmup']}: {r['warmup_edge']} of grid"] if r.get("warmup_edge") else []
             notes += [] if r["status"] == "ok" else [r["status"]]
             note = f" ({'; '.join(notes)})" if notes else ""
             cells.append(f"{num(r['val_loss_mean'], r.get('val_loss_std'))} @ {r['lr']:g}{note}")

@@ -43,6 +43,7 @@ def markdown_report(table: list[dict], grid: list[dict], profile: str, command: 
         lr = "-" if r.get("lr") is None else f"{r['lr']:g}"
         lr += f" ({r['lr_edge']} of grid)" if r.get("lr_edge") else ""
         warmup = "-" if r.get("warmup") is None else str(r["warmup"])
+        warmup += f" ({r['warmup_edge']} of grid)" if r.get("warmup_edge") else ""
         cells = [r["recipe"], lr, warmup, str(r.get("n_seeds", 0))]
         for key, digits in (("val_loss", 3), ("val_ppl", 1), ("val_bpb", 3), ("test_ppl", 1), ("test_bpb", 3)):
             cells.append(num(r.get(f"{key}_mean"), r.get(f"{key}_std"), digits))
@@ -53,8 +54,12 @@ def markdown_report(table: list[dict], grid: list[dict], profile: str, command: 
         lines += ["", f"Init: `{next(iter(inits.values()))}` in every run (`model.arch.init`)."]
     elif inits:
         lines += ["", "Init (`model.arch.init`): " + "; ".join(f"{r} `{i}`" for r, i in inits.items()) + "."]
-    if any(r.get("lr_edge") for r in table):
-        lines += ["", "A chosen lr at the edge of the grid means the grid should be widened on that side."]
+    if any(r.get("lr_edge") or r.get("warmup_edge") for r in table):
+        lines += [
+            "",
+            "A chosen lr (or warmup) at the edge of the grid means the grid should be widened on that "
+            "side (an lr's grid: the lrs run at the chosen warmup; a warmup's: those run at the chosen lr).",
+        ]
     lines += [
         "",
         "## The grid (validation loss, mean over the seeds run at each setting that did not diverge)",

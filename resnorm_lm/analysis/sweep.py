@@ -153,7 +153,8 @@ class Selection:
     chosen: SettingScore | None
     runner_up: SettingScore | None
     scores: list[SettingScore]
-    lr_edge: str | None = None  # "lowest" or "highest": the chosen lr is at that edge of a grid of several
+    lr_edge: str | None = None  # "lowest" or "highest": the chosen lr is at that edge of its warmup's lrs
+    warmup_edge: str | None = None  # the same for the chosen warmup among the warmups run at the chosen lr
     depth: int | None = None  # Arm.depth: the n_layer override, None for the recipe's own
     n_layer: int | None = None  # the number of blocks the runs have (for the tables; None: not known)
 
@@ -173,6 +174,14 @@ class Selection:
         return out
 
 
+def grid_edge(value: float | None, values: list[float | None]) -> str | None:
+    """The edge ("lowest" or "highest") when ``value`` is at that end of several ``values`` (None: the recipe's own)."""
+    known = sorted({v for v in values if v is not None})
+    if value is None or len(known) < 2:
+        return None
+    return "lowest" if value == known[0] else "highest" if value == known[-1] else None
+
+
 def select(recipe: str, outcomes: list[RunOutcome], depth: int | None = None, n_layer: int | None = None) -> Selection:
     """The setting with the lowest mean validation loss over its seeds (test is never looked at).
 
@@ -183,11 +192,12 @@ def select(recipe: str, outcomes: list[RunOutcome], depth: int | None = None, n_
     scores = sorted(by_setting.values(), key=lambda s: (s.mean, -len(s.losses), s.setting.lr or 0))
     chosen = scores[0] if scores and math.isfinite(scores[0].mean) else None
     runner_up = scores[1] if len(scores) > 1 else None
-    edge = None
-    lrs = sorted({s.setting.lr for s in scores if s.setting.lr is not None})
-    if chosen and chosen.setting.lr is not None and len(lrs) > 1:
-        edge = "lowest" if chosen.setting.lr == lrs[0] else "highest" if chosen.setting.lr == lrs[-1] else None
-    return Selection(recipe, chosen, runner_up, scores, edge, depth, n_layer)
+    lr_edge = warmup_edge = None
+    if chosen:  # each axis along the chosen setting's row of the grid: a 2-D grid need not be full
+        at = chosen.setting
+        lr_edge = grid_edge(at.lr, [s.setting.lr for s in scores if s.setting.warmup == at.warmup])
+        warmup_edge = grid_edge(at.warmup, [s.setting.warmup for s in scores if s.setting.lr == at.lr])
+    return Selection(recipe, chosen, runner_up, scores, lr_edge, warmup_edge, depth, n_layer)
 
 
 def chosen_runs(sel: Selection, runs: dict[RunSpec, Path]) -> list[tuple[RunSpec, Path]]:

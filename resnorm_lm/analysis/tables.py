@@ -45,7 +45,9 @@ def recipe_row(sel: Selection, runs: dict[RunSpec, Path], unigram: float | None,
         return row
     setting = sel.chosen.setting
     chosen = {s: d for s, d in mine.items() if s.setting == setting}
-    row.update(lr=setting.lr, warmup=setting.warmup, lr_edge=sel.lr_edge, n_seeds=len(chosen))
+    row.update(
+        lr=setting.lr, warmup=setting.warmup, lr_edge=sel.lr_edge, warmup_edge=sel.warmup_edge, n_seeds=len(chosen)
+    )
     row["eval_precision"] = eval_precisions(list(chosen.values()))
     for split, prefix in (("validation", "val"), ("test", "test")):
         results = [evaluated(d, split, precision) or {} for d in chosen.values()]

@@ -45,6 +45,8 @@ def write_tuned_overlays(table: list[dict], grid: list[dict], out_dir: Path, pro
                                 f"{num(g['val_loss_mean'], g['val_loss_std'])} ({g['status']}){mark}")  # fmt: skip
         if row.get("lr_edge"):
             evidence.append(f"the chosen lr is the {row['lr_edge']} of the grid: widen it on that side")
+        if row.get("warmup_edge"):
+            evidence.append(f"the chosen warmup is the {row['warmup_edge']} of the grid: widen it on that side")
         out_dir.mkdir(parents=True, exist_ok=True)
         with atomic_write(out_dir / f"{names[i]}.yaml", "w") as f:
             warmup = None if row.get("warmup") is None else int(row["warmup"])
