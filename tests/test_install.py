@@ -42,9 +42,9 @@ exec {PYTHON} "$@"
     )
 
 
-def ensure_venv(python: Path, venv: Path) -> subprocess.CompletedProcess:
+def ensure_venv(python: Path, venv: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(ENSURE_VENV), str(python), str(venv)], capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+                          timeout=60, env=env)  # fmt: skip
 
 
 def python_that_does_not_start(venv: Path) -> None:
@@ -108,16 +108,14 @@ case "$1" in -V) echo "Python 3.10.12" ;; -c) exit 1 ;; *) echo "asked to $*" >&
 def test_a_disk_without_room_for_the_environment_is_refused_before_pip_fills_it(tmp_path):
     env = {**os.environ, "RESNORM_LM_INSTALL_NEEDS_MB": str(10**12)}  # more than any disk holds
     venv = tmp_path / ".venv"
-    done = subprocess.run(["bash", str(ENSURE_VENV), str(recording_python(tmp_path)), str(venv)],
-                          capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+    done = ensure_venv(recording_python(tmp_path), venv, env)
     assert done.returncode == 2, done.stderr
     assert "MB are free on the disk" in done.stderr and "run make install again" in done.stderr
     assert not venv.exists() and not (tmp_path / "made.log").exists()
 
     (venv / "bin").mkdir(parents=True)  # a working environment is left alone, however full the disk
     (venv / "bin" / "python").symlink_to(PYTHON)
-    done = subprocess.run(["bash", str(ENSURE_VENV), str(recording_python(tmp_path)), str(venv)],
-                          capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+    done = ensure_venv(recording_python(tmp_path), venv, env)
     assert done.returncode == 0 and done.stderr == "", done.stderr
 
 
