@@ -362,10 +362,11 @@ def compare_arguments(s: Session) -> list[str]:
         given += arg.split("=", 1) if arg.startswith("--") and "=" in arg and not value_of_train_args else [arg]
     if not given and not s.dry:
         raise SystemExit("gpu_session: depth: give compare's arguments after --, e.g. depth -- --recipes "
-                         "prenorm-12l --depths 48 --lrs 5e-4 1e-3 --warmups 200 --seeds 1 2 3 "
+                         "prenorm-12l --depths 48 --lrs 5e-4 1e-3 --warmups 0.4 --seeds 1 2 3 "
                          "(docs/depth.md)")  # fmt: skip
     if not given:  # the dry run's tiny sweep
-        given = ["--recipes", "prenorm-12l", "--depths", "2", "--lrs", "1e-3", "3e-3", "--warmups", "2", "--seeds", "1"]
+        given = ["--recipes", "prenorm-12l", "--depths", "2", "--lrs", "1e-3", "3e-3", "--warmups", "0.33",
+                 "--seeds", "1"]  # fmt: skip
     for owned in ("--root", "--results"):
         if owned in given:
             raise SystemExit(f"gpu_session: depth sets {owned} itself (the runs root and $OUT): leave it out")

@@ -158,7 +158,7 @@ def tiny_sweep(tmp_path: Path, corpus: str, *extra: str, train_args: str = "") -
     """``compare`` of prenorm-12l on the smoke profile over lr 1e-5 (stuck at the unigram level) and 3e-3, seeds 1
     and 2, ``TINY_SWEEP_STEPS`` a run, in ``tmp_path``; ``extra`` and ``train_args`` add to its arguments and its
     fits'."""
-    args = ["compare", "--recipes", "prenorm-12l", "--profile", "smoke", "--lrs", "1e-5", "3e-3", "--warmups", "2",
+    args = ["compare", "--recipes", "prenorm-12l", "--profile", "smoke", "--lrs", "1e-5", "3e-3", "--warmups", "0.33",
             "--seeds", "1", "2", "--root", str(tmp_path / "runs"), "--results", str(tmp_path / "results"),
             "--train-args", f"--data.corpus=text --data.files=[{corpus}] --data.cache_dir={tmp_path / 'cache'} "
             f"--trainer.enable_progress_bar=false --trainer.max_steps={TINY_SWEEP_STEPS} "

@@ -99,7 +99,7 @@ class DepthTrainer:
 
 
 def sweep_args(root: Path, **kw) -> SimpleNamespace:
-    args = dict(recipes=["prenorm-12l"], lrs=LRS, warmups=[2], grid_seeds=[1], seeds=[1, 2, 3], no_train=False,
+    args = dict(recipes=["prenorm-12l"], lrs=LRS, warmups=[0.33], grid_seeds=[1], seeds=[1, 2, 3], no_train=False,
                 root=str(root), depths=[2, 4, 12], lrs_at={}, eval_precision="run")  # fmt: skip
     return SimpleNamespace(**{**args, **kw})
 
@@ -108,10 +108,11 @@ def sweep_args(root: Path, **kw) -> SimpleNamespace:
 
 
 def test_a_depth_is_a_run_tag_and_an_override_and_the_recipes_own_depth_is_neither():
-    spec = RunSpec("prenorm-12l", Setting(1e-3, 200), 1, depth=48)
-    assert spec.tag == "d48-lr0.001-wu200" and spec.arm == Arm("prenorm-12l", 48)
-    assert spec.run_dir("runs", "cpu") == Path("runs/prenorm-12l/cpu-d48-lr0.001-wu200-seed1")
-    assert spec.overrides() == ["--model.arch.n_layer=48", "--model.optim.lr=0.001", "--model.optim.warmup_steps=200"]
+    spec = RunSpec("prenorm-12l", Setting(1e-3, 0.2), 1, depth=48)
+    assert spec.tag == "d48-lr0.001-wf0.2" and spec.arm == Arm("prenorm-12l", 48)
+    assert spec.run_dir("runs", "cpu") == Path("runs/prenorm-12l/cpu-d48-lr0.001-wf0.2-seed1")
+    overrides = ["--model.arch.n_layer=48", "--model.optim.lr=0.001", "--model.optim.warmup_fraction=0.2"]
+    assert spec.overrides() == overrides
     assert RunSpec("prenorm-12l", Setting(), 2, depth=6).run_dir("runs", "cpu") == Path("runs/prenorm-12l/cpu-d6-seed2")
     # the recipe's own depth is no override: the directories of a sweep without depths (and of make train)
     assert sweep_arms(["prenorm-12l", "deepnorm-24l"], [6, 12, 24], "cpu") == {
@@ -119,7 +120,7 @@ def test_a_depth_is_a_run_tag_and_an_override_and_the_recipes_own_depth_is_neith
         Arm("deepnorm-24l", 6): 6, Arm("deepnorm-24l", 12): 12, Arm("deepnorm-24l"): 24,
     }  # fmt: skip
     assert sweep_arms(["prenorm-12l", "deepnorm-24l"], None, "cpu") == {Arm("prenorm-12l"): 12, Arm("deepnorm-24l"): 24}
-    assert RunSpec("prenorm-12l", Setting(1e-3, 200), 1).tag == "lr0.001-wu200"
+    assert RunSpec("prenorm-12l", Setting(1e-3, 0.2), 1).tag == "lr0.001-wf0.2"
     assert (
         recipe_at_depth("prenorm-12l", 48) == "prenorm-48l"
         and recipe_at_depth("b2t-12l-rmsnorm", 6) == "b2t-6l-rmsnorm"
@@ -138,13 +139,13 @@ def test_the_trainer_trains_and_resumes_a_depth_with_its_override_and_the_cli_bu
     commands = []
     monkeypatch.setattr(RunningFits, "run", lambda self, cmd, **k: commands.append(cmd) or 0)
     trainer = sweep_runner.SweepTrainer("smoke", str(tmp_path), [], jobs=1)
-    deep, own = RunSpec("prenorm-12l", Setting(1e-3, 2), 1, depth=3), RunSpec("prenorm-12l", Setting(1e-3, 2), 1)
+    deep, own = RunSpec("prenorm-12l", Setting(1e-3, 0.33), 1, depth=3), RunSpec("prenorm-12l", Setting(1e-3, 0.33), 1)
     (deep.run_dir(str(tmp_path), "smoke") / "checkpoints").mkdir(parents=True)
     (deep.run_dir(str(tmp_path), "smoke") / "checkpoints" / "last.ckpt").write_bytes(b"x")
     trainer.train_all([deep, own])
-    assert "--model.arch.n_layer=3" in commands[0] and "--run.tag=d3-lr0.001-wu2" in commands[0]
+    assert "--model.arch.n_layer=3" in commands[0] and "--run.tag=d3-lr0.001-wf0.33" in commands[0]
     assert "--ckpt_path=last" in commands[0]  # resumed, in its own directory
-    assert not any("n_layer" in a for a in commands[1]) and "--run.tag=lr0.001-wu2" in commands[1]
+    assert not any("n_layer" in a for a in commands[1]) and "--run.tag=lr0.001-wf0.33" in commands[1]
     assert "--ckpt_path=last" not in commands[1]
     fit = [a for a in commands[0][commands[0].index("fit") :] if a != "--ckpt_path=last"]
     monkeypatch.setattr("sys.argv", ["resnorm-lm"])
@@ -152,7 +153,7 @@ def test_the_trainer_trains_and_resumes_a_depth_with_its_override_and_the_cli_bu
     with pytest.raises(SystemExit):
         ResnormCLI(args=expand_recipe_arguments([*fit, "--print_config"]))
     config = yaml.safe_load(capsys.readouterr().out)
-    assert config["model"]["arch"]["n_layer"] == 3 and config["run"]["tag"] == "d3-lr0.001-wu2"
+    assert config["model"]["arch"]["n_layer"] == 3 and config["run"]["tag"] == "d3-lr0.001-wf0.33"
 
 
 # ---------------------------------------------------------------------- the sweep across depths
@@ -167,17 +168,17 @@ def test_an_interrupted_sweep_across_depths_resumes_and_picks_each_depth_on_its_
     selections, runs = run_sweep(sweep_args(tmp_path), "smoke", second)
     assert second.planned[0] == ("grid", 9, 5, 1)  # 3 depths x 3 lrs: 4 finished, 5 to train, 1 of them resumed
     resumed = [spec for spec, was in second.trained if was]
-    assert resumed == [first_half_done := RunSpec("prenorm-12l", Setting(LRS[1], 2), 1, depth=4)]
+    assert resumed == [first_half_done := RunSpec("prenorm-12l", Setting(LRS[1], 0.33), 1, depth=4)]
     assert not {s for s, _ in first.trained} & {s for s, _ in second.trained}  # nothing finished is trained again
-    assert first_half_done.run_dir(str(tmp_path), "smoke").name == "smoke-d4-lr0.002-wu2-seed1"
+    assert first_half_done.run_dir(str(tmp_path), "smoke").name == "smoke-d4-lr0.002-wf0.33-seed1"
     # the selection rule, per depth: each depth's own pick, 3 seeds at it, its own edge flag
     for depth, arm, edge in ((2, Arm("prenorm-12l", 2), "lowest"), (4, Arm("prenorm-12l", 4), "highest"),
                              (12, Arm("prenorm-12l"), None)):  # fmt: skip
         sel = selections[arm]
-        assert sel.chosen.setting == Setting(BEST_LR[depth], 2) and sel.n_layer == depth, depth
+        assert sel.chosen.setting == Setting(BEST_LR[depth], 0.33) and sel.n_layer == depth, depth
         assert sorted(o.spec.seed for o in sel.chosen.outcomes) == [1, 2, 3] and sel.lr_edge == edge
     names = sorted(d.name for d in (tmp_path / "prenorm-12l").iterdir())
-    assert "smoke-lr0.002-wu2-seed3" in names and "smoke-d2-lr0.001-wu2-seed3" in names  # 12: the recipe's own
+    assert "smoke-lr0.002-wf0.33-seed3" in names and "smoke-d2-lr0.001-wf0.33-seed3" in names  # 12: the recipe's own
     assert len(runs) == 9 + 3 * 2 and len(names) == len(runs)
     third = DepthTrainer(tmp_path, depth_loss)  # all done: nothing trained again
     assert run_sweep(sweep_args(tmp_path), "smoke", third)[0].keys() == selections.keys() and not third.trained
@@ -247,7 +248,8 @@ def scripted_compare(tmp_path, monkeypatch):
 
     def run(*argv: str) -> int:
         return compare.main(["--profile", "smoke", "--root", str(tmp_path / "runs"), "--results",
-                             str(tmp_path / "results"), "--lrs", "1e-3", "2e-3", "--warmups", "2", *argv])  # fmt: skip
+                             str(tmp_path / "results"), "--lrs", "1e-3", "2e-3", "--warmups", "0.33",
+                             *argv])  # fmt: skip
 
     return SimpleNamespace(run=run, trainers=trainers, out=tmp_path / "results" / "smoke", runs=tmp_path / "runs")
 
@@ -305,7 +307,7 @@ def test_compare_with_depths_writes_every_figure_and_table(scripted_compare, cap
 def test_without_depths_compare_is_as_before_and_a_depth_sweep_reuses_the_recipes_own_runs(scripted_compare):
     assert scripted_compare.run("--recipes", "prenorm-12l") == 0
     before = sorted(p.name for p in (scripted_compare.runs / "prenorm-12l").iterdir())
-    assert before == ["smoke-lr0.001-wu2-seed1", "smoke-lr0.002-wu2-seed1"]  # today's names
+    assert before == ["smoke-lr0.001-wf0.33-seed1", "smoke-lr0.002-wf0.33-seed1"]  # today's names
     out = scripted_compare.out
     assert not any((out / name).exists() for name in ("depth.md", "stability_map.png", "layer_contribution.csv"))
     assert "layers" not in (out / "compare.md").read_text() and (out / "tuned" / "prenorm-12l.yaml").is_file()
@@ -313,7 +315,7 @@ def test_without_depths_compare_is_as_before_and_a_depth_sweep_reuses_the_recipe
     assert scripted_compare.run("--recipes", "prenorm-12l", "--depths", "2", "12") == 0
     assert {s.depth for s, _ in scripted_compare.trainers[-1].trained} == {2}
     after = sorted(p.name for p in (scripted_compare.runs / "prenorm-12l").iterdir())
-    assert sorted(set(after) - set(before)) == ["smoke-d2-lr0.001-wu2-seed1", "smoke-d2-lr0.002-wu2-seed1"]
+    assert sorted(set(after) - set(before)) == ["smoke-d2-lr0.001-wf0.33-seed1", "smoke-d2-lr0.002-wf0.33-seed1"]
 
 
 # ---------------------------------------------------------------------- layer contribution
@@ -394,7 +396,7 @@ def test_a_runs_contribution_is_read_from_its_checkpoint_and_cached(tmp_path):
     data = {"corpus": "text", "files": [corpus], "vocab_size": 300, "block_size": 16, "batch_size": 4,
             "eval_batch_size": 8, "cache_dir": str(tmp_path / "cache")}  # fmt: skip
     trainer = DepthTrainer(tmp_path / "runs", lambda *a: 5.0, data)
-    spec = RunSpec("lns-12l", Setting(1e-3, 2), 1, depth=2)
+    spec = RunSpec("lns-12l", Setting(1e-3, 0.33), 1, depth=2)
     trainer.train_all([spec])
     run_dir = spec.run_dir(str(tmp_path / "runs"), "smoke")
     record = run_contribution(run_dir, n_tokens=40)
@@ -421,7 +423,7 @@ def test_a_real_depth_run_interrupted_then_resumed_through_compare(tmp_path):
     assert second.returncode == 0, second.stderr[-3000:]
     assert "compare: grid: 2 runs, 0 finished, 2 to train (2 to resume)" in second.stdout
     assert second.stdout.count("compare: resuming prenorm-12l (smoke, 2 layers") == 2
-    run_dir = tmp_path / "runs" / "prenorm-12l" / "smoke-d2-lr0.003-wu2-seed1"
+    run_dir = tmp_path / "runs" / "prenorm-12l" / "smoke-d2-lr0.003-wf0.33-seed1"
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["model"]["arch"]["n_layer"] == 2
     assert len(json.loads((run_dir / "manifest.json").read_text())["segments"]) == 2  # one run, resumed
     out = tmp_path / "results" / "smoke"

@@ -141,7 +141,7 @@ def fit(verdict: str, on_bad_step: str, bad_steps: set[int], max_steps: int = 6,
         poison=NAN, **trainer_kwargs):  # fmt: skip
     torch.manual_seed(0)
     arch = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32)
-    module = LanguageModel(arch, OptimConfig(lr=1e-2, warmup_steps=0),
+    module = LanguageModel(arch, OptimConfig(lr=1e-2, warmup_fraction=0.0),
                            divergence=DivergenceConfig(on_bad_step=on_bad_step, verdict=verdict))  # fmt: skip
     tokens = torch.randint(0, 64, (max_steps * trainer_kwargs.get("accumulate_grad_batches", 1) * 4, 17))
     data = DataLoader(TensorDataset(tokens[:, :-1], tokens[:, 1:]), batch_size=4)

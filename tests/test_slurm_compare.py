@@ -23,7 +23,8 @@ from tests.smoke import default_sigint, write_corpus
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
-RUNS = {f"{recipe}/smoke-lr{lr}-wu2-seed1" for recipe in ("prenorm-12l", "postnorm-12l") for lr in ("0.001", "0.003")}
+RUNS = {f"{recipe}/smoke-lr{lr}-wf0.33-seed1" for recipe in ("prenorm-12l", "postnorm-12l")
+        for lr in ("0.001", "0.003")}  # fmt: skip
 # measured wall-clock time: it differs between any two sweeps, whichever launcher ran them
 TIMED_COLUMNS = ("train_s", "tokens_per_s")
 
@@ -48,7 +49,7 @@ def site_config(tmp_path: Path, max_jobs: int) -> Path:
 
 def compare_argv(tmp_path: Path, corpus: str, *extra: str) -> list[str]:
     return [sys.executable, "-m", "resnorm_lm", "compare", "--recipes", "prenorm-12l", "postnorm-12l",
-            "--profile", "smoke", "--lrs", "1e-3", "3e-3", "--warmups", "2", "--seeds", "1",
+            "--profile", "smoke", "--lrs", "1e-3", "3e-3", "--warmups", "0.33", "--seeds", "1",
             "--root", str(tmp_path / "runs"), "--results", str(tmp_path / "results"),
             "--train-args", f"--data.corpus=text --data.files=[{corpus}] --data.cache_dir={tmp_path / 'cache'} "
                             "--trainer.enable_progress_bar=false", *extra]  # fmt: skip

@@ -97,7 +97,7 @@ def launcher(tmp_path: Path, slurm: FakeSlurm, **options) -> SlurmSweepTrainer:
 
 
 def grid(n: int = 4) -> list[RunSpec]:
-    return expand_grid(["prenorm-12l", "postnorm-12l"], grid_settings([1e-3, 2e-3], [2]), [1])[:n]
+    return expand_grid(["prenorm-12l", "postnorm-12l"], grid_settings([1e-3, 2e-3], [0.33]), [1])[:n]
 
 
 def write_run(trainer: SlurmSweepTrainer, spec: RunSpec, finished: bool) -> Path:
@@ -157,7 +157,7 @@ def test_started_again_it_submits_only_runs_neither_finished_nor_queued_or_runni
     slurm = FakeSlurm()
     trainer = launcher(tmp_path, slurm, max_jobs=10)
     finished, running, requeued, cancelled, never = specs = [
-        *grid(), RunSpec("prenorm-12l", Setting(3e-3, 2), 1)]  # fmt: skip
+        *grid(), RunSpec("prenorm-12l", Setting(3e-3, 0.33), 1)]  # fmt: skip
     write_run(trainer, finished, finished=True)
     running_job = slurm.add("RUNNING", trainer.job_run_dir(running))
     requeued_job = slurm.add("PENDING", trainer.job_run_dir(requeued))
@@ -176,25 +176,25 @@ def test_started_again_it_submits_only_runs_neither_finished_nor_queued_or_runni
     out = capsys.readouterr().out
     assert f"4 runs to train: 2 already queued or running (job {running_job}, {requeued_job}), 2 to submit" in out
     assert "0 to submit, 0 queued, 0 running, 4 done, 0 failed" in out
-    assert "compare: resuming postnorm-12l (smoke, lr 0.002, warmup 2, seed 1): SLURM job" in out
-    assert "compare: training prenorm-12l (smoke, lr 0.003, warmup 2, seed 1): SLURM job" in out
+    assert "compare: resuming postnorm-12l (smoke, lr 0.002, warmup 0.33, seed 1): SLURM job" in out
+    assert "compare: training prenorm-12l (smoke, lr 0.003, warmup 0.33, seed 1): SLURM job" in out
     trainer.train_all(trainer.plan(specs, "grid"))  # a third time: nothing to do, nothing submitted
     assert len(slurm.submitted()) == 2
 
 
 def test_a_failed_job_is_reported_with_its_log_and_the_sweep_goes_on(tmp_path, capsys):
-    slurm = FakeSlurm(failing=("prenorm-12l/smoke-lr0.002-wu2-seed1",),
-                      refusing=("prenorm-12l/smoke-lr0.001-wu2-seed1",))  # fmt: skip
+    slurm = FakeSlurm(failing=("prenorm-12l/smoke-lr0.002-wf0.33-seed1",),
+                      refusing=("prenorm-12l/smoke-lr0.001-wf0.33-seed1",))  # fmt: skip
     trainer = launcher(tmp_path, slurm)
     specs = grid(3)  # prenorm at lr 1e-3 (refused by sbatch), 2e-3 (fails), postnorm at 1e-3 (trains)
     trainer.train_all(specs)
     err = capsys.readouterr().err
     failed_dir = trainer.job_run_dir(specs[1])
     (failed_job,) = [i for i, job in slurm.jobs.items() if job["comment"] == str(failed_dir)]
-    assert (f"compare: FAILED prenorm-12l (smoke, lr 0.002, warmup 2, seed 1): SLURM job {failed_job} FAILED, exit "
+    assert (f"compare: FAILED prenorm-12l (smoke, lr 0.002, warmup 0.33, seed 1): SLURM job {failed_job} FAILED, exit "
             f"code 2:0, its run unfinished; log: {failed_dir / f'slurm-{failed_job}.out'}") in err  # fmt: skip
     assert "    resnorm-lm: error: a broken setting" in err  # the log's last lines
-    assert "could not submit prenorm-12l (smoke, lr 0.001, warmup 2, seed 1): sbatch failed: sbatch: error: " \
+    assert "could not submit prenorm-12l (smoke, lr 0.001, warmup 0.33, seed 1): sbatch failed: sbatch: error: " \
            "QOSMaxSubmitJobPerUserLimit" in err  # fmt: skip
     assert (trainer.job_run_dir(specs[2]) / "eval.json").is_file()  # the sweep went on
     assert len(slurm.submitted()) == 2

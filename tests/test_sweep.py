@@ -46,57 +46,57 @@ def outcomes(recipe: str, table: dict[tuple[float, int], list[float | None]]) ->
 
 
 def test_grid_expansion_tags_and_overrides():
-    settings = grid_settings([5e-4, 1e-3], [50, 200])
-    assert [s.tag for s in settings] == ["lr0.0005-wu50", "lr0.0005-wu200", "lr0.001-wu50", "lr0.001-wu200"]
-    assert Setting(1e-3, 200).overrides() == ["--model.optim.lr=0.001", "--model.optim.warmup_steps=200"]
+    settings = grid_settings([5e-4, 1e-3], [0.05, 0.2])
+    assert [s.tag for s in settings] == ["lr0.0005-wf0.05", "lr0.0005-wf0.2", "lr0.001-wf0.05", "lr0.001-wf0.2"]
+    assert Setting(1e-3, 0.2).overrides() == ["--model.optim.lr=0.001", "--model.optim.warmup_fraction=0.2"]
     assert grid_settings(None, None) == [Setting()] and Setting().tag == "" and Setting().overrides() == []
-    assert grid_settings(None, [0])[0].tag == "wu0"
+    assert grid_settings(None, [0.0])[0].tag == "wf0"
     specs = expand_grid(["a", "b"], settings, [1, 2])
     assert len(specs) == 16 and len(set(specs)) == 16
-    assert specs[0].run_dir("runs", "cpu") == Path("runs/a/cpu-lr0.0005-wu50-seed1")
+    assert specs[0].run_dir("runs", "cpu") == Path("runs/a/cpu-lr0.0005-wf0.05-seed1")
     assert RunSpec("a", Setting(), 3).run_dir("runs", "cpu") == Path("runs/a/cpu-seed3")  # as plain make train
 
 
 def test_validation_picks_by_mean_over_seeds_and_a_setting_with_a_diverged_seed_is_not_picked():
     sel = select("postnorm-12l", outcomes("postnorm-12l", {
-        (5e-4, 200): [5.40, 5.42, 5.41],
-        (1e-3, 200): [5.30, 5.50, 5.34],  # mean 5.38: best by mean, not by its best seed
-        (2e-3, 200): [5.10, None, 5.12],  # lowest losses, but one seed diverged
+        (5e-4, 0.2): [5.40, 5.42, 5.41],
+        (1e-3, 0.2): [5.30, 5.50, 5.34],  # mean 5.38: best by mean, not by its best seed
+        (2e-3, 0.2): [5.10, None, 5.12],  # lowest losses, but one seed diverged
     }))  # fmt: skip
-    assert sel.chosen.setting == Setting(1e-3, 200)
+    assert sel.chosen.setting == Setting(1e-3, 0.2)
     assert sel.chosen.mean == pytest.approx(5.38)
     assert sel.lr_edge is None  # 1e-3 lies inside the grid
     assert sel.scores[-1].setting.lr == 2e-3 and math.isinf(sel.scores[-1].mean)
 
 
 def test_lr_at_the_edge_of_the_grid_is_flagged():
-    low = select("x", outcomes("x", {(5e-4, 200): [5.0], (1e-3, 200): [5.2], (2e-3, 200): [5.4]}))
-    high = select("x", outcomes("x", {(5e-4, 200): [5.4], (1e-3, 200): [5.2], (2e-3, 200): [5.0]}))
+    low = select("x", outcomes("x", {(5e-4, 0.2): [5.0], (1e-3, 0.2): [5.2], (2e-3, 0.2): [5.4]}))
+    high = select("x", outcomes("x", {(5e-4, 0.2): [5.4], (1e-3, 0.2): [5.2], (2e-3, 0.2): [5.0]}))
     assert low.lr_edge == "lowest" and high.lr_edge == "highest"
-    assert select("x", outcomes("x", {(1e-3, 200): [5.0], (1e-3, 50): [5.1]})).lr_edge is None  # one lr: no edge
+    assert select("x", outcomes("x", {(1e-3, 0.2): [5.0], (1e-3, 0.05): [5.1]})).lr_edge is None  # one lr: no edge
 
 
 def test_a_warmup_at_the_edge_is_flagged_and_each_axis_is_read_along_the_chosen_row():
-    # a 2-D grid as swept in stages: every lr at warmup 200, then two lrs at 400 and one at 800
-    grid = {(5e-4, 200): [5.6], (1e-3, 200): [5.3], (2e-3, 200): [6.4], (4e-3, 200): [6.4],
-            (1e-3, 400): [5.2], (2e-3, 400): [5.1]}  # fmt: skip
+    # a 2-D grid as swept in stages: every lr at warmup 0.2, then two lrs at 0.4 and one at 0.8
+    grid = {(5e-4, 0.2): [5.6], (1e-3, 0.2): [5.3], (2e-3, 0.2): [6.4], (4e-3, 0.2): [6.4],
+            (1e-3, 0.4): [5.2], (2e-3, 0.4): [5.1]}  # fmt: skip
     top = select("x", outcomes("x", grid))
-    assert top.chosen.setting == Setting(2e-3, 400)
-    assert top.lr_edge == "highest"  # the highest lr run at warmup 400, though not of the whole grid
+    assert top.chosen.setting == Setting(2e-3, 0.4)
+    assert top.lr_edge == "highest"  # the highest lr run at warmup 0.4, though not of the whole grid
     assert top.warmup_edge == "highest"
-    inside = select("x", outcomes("x", {**grid, (4e-3, 400): [6.4], (2e-3, 800): [5.3]}))
-    assert inside.chosen.setting == Setting(2e-3, 400) and inside.lr_edge is None and inside.warmup_edge is None
-    low = select("x", outcomes("x", {(1e-3, 100): [5.0], (1e-3, 200): [5.1]}))
+    inside = select("x", outcomes("x", {**grid, (4e-3, 0.4): [6.4], (2e-3, 0.8): [5.3]}))
+    assert inside.chosen.setting == Setting(2e-3, 0.4) and inside.lr_edge is None and inside.warmup_edge is None
+    low = select("x", outcomes("x", {(1e-3, 0.1): [5.0], (1e-3, 0.2): [5.1]}))
     assert low.warmup_edge == "lowest" and low.lr_edge is None  # one lr at that warmup: no lr edge
     assert select("x", outcomes("x", {(1e-3, None): [5.0], (2e-3, None): [5.1]})).warmup_edge is None
 
 
 def test_the_runner_up_gets_seeds_only_when_within_the_seed_spread():
-    close = select("x", outcomes("x", {(1e-3, 200): [5.00, 5.10, 4.90], (2e-3, 200): [5.05]}))
-    assert close.confirm == [Setting(1e-3, 200), Setting(2e-3, 200)]  # 0.05 apart, spread 0.1
-    far = select("x", outcomes("x", {(1e-3, 200): [5.00, 5.01, 4.99], (2e-3, 200): [5.30]}))
-    assert far.confirm == [Setting(1e-3, 200)]
-    nothing = select("x", outcomes("x", {(1e-3, 200): [None]}))
+    close = select("x", outcomes("x", {(1e-3, 0.2): [5.00, 5.10, 4.90], (2e-3, 0.2): [5.05]}))
+    assert close.confirm == [Setting(1e-3, 0.2), Setting(2e-3, 0.2)]  # 0.05 apart, spread 0.1
+    far = select("x", outcomes("x", {(1e-3, 0.2): [5.00, 5.01, 4.99], (2e-3, 0.2): [5.30]}))
+    assert far.confirm == [Setting(1e-3, 0.2)]
+    nothing = select("x", outcomes("x", {(1e-3, 0.2): [None]}))
     assert nothing.chosen is None and nothing.confirm == []
 
 
@@ -166,7 +166,7 @@ def test_a_table_row_only_reads_and_the_picks_are_tested_before(tmp_path, monkey
     monkeypatch.setattr(eval_records, "evaluate_paths", lambda paths, splits, **kw: calls.append((paths, splits)))
     runs = {}
     for lr, seed, loss in ((1e-3, 1, 5.0), (1e-3, 2, 5.2), (2e-3, 1, 5.5)):
-        spec = RunSpec("prenorm-12l", Setting(lr, 2), seed)
+        spec = RunSpec("prenorm-12l", Setting(lr, 0.33), seed)
         run_dir = spec.run_dir(str(tmp_path), "smoke")
         (run_dir / "checkpoints").mkdir(parents=True)
         (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"the final weights")
@@ -239,7 +239,7 @@ def test_a_tiny_sweep_interrupted_then_finished_picks_on_validation_and_tests_on
     assert second.stdout.count("compare: resuming prenorm-12l") == 2
     runs = tmp_path / "runs" / "prenorm-12l"
     grid = list(csv.DictReader((tmp_path / "results" / "smoke" / "grid.csv").open()))
-    assert {(float(g["lr"]), int(g["warmup"])) for g in grid} == {(1e-5, 2), (3e-3, 2)}
+    assert {(float(g["lr"]), float(g["warmup"])) for g in grid} == {(1e-5, 0.33), (3e-3, 0.33)}
     best = min(grid, key=lambda g: float(g["val_loss_mean"]))
     assert best["chosen"] == "True" and float(best["lr"]) == 3e-3
     stuck = next(g for g in grid if float(g["lr"]) == 1e-5)
@@ -254,14 +254,15 @@ def test_a_tiny_sweep_interrupted_then_finished_picks_on_validation_and_tests_on
     for run_dir in runs.iterdir():  # test evaluated at the chosen setting only
         evaluation = json.loads((run_dir / "eval.json").read_text())["eval"]
         assert ("test" in evaluation) == ("lr0.003" in run_dir.name), run_dir.name
-    assert sorted(p.name for p in runs.iterdir()) == ["smoke-lr0.003-wu2-seed1", "smoke-lr0.003-wu2-seed2",
-                                                      "smoke-lr1e-05-wu2-seed1"]  # fmt: skip
+    assert sorted(p.name for p in runs.iterdir()) == ["smoke-lr0.003-wf0.33-seed1", "smoke-lr0.003-wf0.33-seed2",
+                                                      "smoke-lr1e-05-wf0.33-seed1"]  # fmt: skip
     tuned = tmp_path / "results" / "smoke" / "tuned" / "prenorm-12l.yaml"  # the pick, ready for recipes/tuned/
-    assert yaml.safe_load(tuned.read_text()) == {"model": {"optim": {"lr": 3e-3, "warmup_steps": 2}}}
-    assert "lr 0.003, warmup 2, 2 seed(s)" in tuned.read_text() and "<- chosen" in tuned.read_text()
+    optim = {"lr": 3e-3, "schedule": "cosine", "warmup_fraction": 0.33}
+    assert yaml.safe_load(tuned.read_text()) == {"model": {"optim": optim}}
+    assert "lr 0.003, warmup 0.33, 2 seed(s)" in tuned.read_text() and "<- chosen" in tuned.read_text()
     for plot in ("lr_sensitivity.png", "loss_curves.png", "grad_norms.png", "clipping.png", "stream_rms.png"):
         assert (tmp_path / "results" / "smoke" / plot).stat().st_size > 10_000, plot
-    at_pick = [json.loads((runs / f"smoke-lr0.003-wu2-seed{k}/eval.json").read_text())["clip"] for k in (1, 2)]
+    at_pick = [json.loads((runs / f"smoke-lr0.003-wf0.33-seed{k}/eval.json").read_text())["clip"] for k in (1, 2)]
     assert all(c["steps"] == TINY_SWEEP_STEPS and c["max_norm"] == 1.0 for c in at_pick)
     assert float(best["clipped_mean"]) == pytest.approx(sum(c["clipped_fraction"] for c in at_pick) / 2)
     third = tiny_sweep(tmp_path, corpus)  # everything finished: nothing trained or evaluated again
@@ -272,7 +273,7 @@ def test_a_tiny_sweep_interrupted_then_finished_picks_on_validation_and_tests_on
     assert fourth.returncode == 0, fourth.stderr[-3000:]
     said = "compare: grid: 3 runs, 2 finished, 1 to train (0 to resume); not training them (--no-train)"
     assert said in fourth.stdout
-    assert "compare: training" not in fourth.stdout and not (runs / "smoke-lr0.001-wu2-seed1").exists()
+    assert "compare: training" not in fourth.stdout and not (runs / "smoke-lr0.001-wf0.33-seed1").exists()
     # checkpoints deleted to save disk (or left on the machine that trained the sweep): results still stand
     for ckpt in runs.glob("*/checkpoints/*.ckpt"):
         ckpt.unlink()
@@ -281,13 +282,13 @@ def test_a_tiny_sweep_interrupted_then_finished_picks_on_validation_and_tests_on
     assert "compare: grid: 2 runs, 2 finished, 0 to train" in fifth.stdout
     assert list(csv.DictReader((tmp_path / "results" / "smoke" / "compare.csv").open())) == table
     # a split that was never evaluated needs the weights: a clear error, nothing retrained in silence
-    summary_path = runs / "smoke-lr0.003-wu2-seed1" / "eval.json"
+    summary_path = runs / "smoke-lr0.003-wf0.33-seed1" / "eval.json"
     summary = json.loads(summary_path.read_text())
     del summary["eval"]["test"]
     summary_path.write_text(json.dumps(summary))
     sixth = tiny_sweep(tmp_path, corpus)
     assert sixth.returncode != 0 and "checkpoints are gone" in sixth.stderr, sixth.stderr[-2000:]
-    assert "smoke-lr0.003-wu2-seed1" in sixth.stderr and "compare: training" not in sixth.stdout
+    assert "smoke-lr0.003-wf0.33-seed1" in sixth.stderr and "compare: training" not in sixth.stdout
 
 
 def wait_until_free(run: Path, seconds: float) -> None:
@@ -313,12 +314,12 @@ def test_a_stopped_compare_saves_its_runs_at_a_step_and_starts_no_other(tmp_path
     left unfinished for the same command to resume. After ``kill -9`` the kernel stops the runs the same way."""
     corpus = write_learnable_corpus(tmp_path / "corpus")
     argv = [sys.executable, "-m", "resnorm_lm", "compare", "--recipes", "prenorm-12l", "--profile", "smoke",
-            "--lrs", "1e-3", "2e-3", "3e-3", "--warmups", "2", "--seeds", "1", "--jobs", str(jobs),
+            "--lrs", "1e-3", "2e-3", "3e-3", "--warmups", "0.33", "--seeds", "1", "--jobs", str(jobs),
             "--root", str(tmp_path / "runs"), "--results", str(tmp_path / "results"),
             "--train-args", f"--data.corpus=text --data.files=[{corpus}] --data.cache_dir={tmp_path / 'cache'} "
                             "--trainer.enable_progress_bar=false --trainer.max_steps=100000 "
                             "--run.checkpoint_every=1"]  # fmt: skip
-    runs = [tmp_path / "runs" / "prenorm-12l" / f"smoke-lr{lr}-wu2-seed1" for lr in ("0.001", "0.002", "0.003")]
+    runs = [tmp_path / "runs" / "prenorm-12l" / f"smoke-lr{lr}-wf0.33-seed1" for lr in ("0.001", "0.002", "0.003")]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     compare = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                preexec_fn=default_sigint)  # fmt: skip

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ import yaml
 from resnorm_lm.data import prepare
 from resnorm_lm.data.sampling import ResumableBatchSampler
 from resnorm_lm.model.gpt import GPT, GPTConfig
-from resnorm_lm.train.optim import OptimConfig, warmup_cosine
+from resnorm_lm.train.optim import OptimConfig
 from resnorm_lm.train.recipes import available_profiles, available_recipes
 from resnorm_lm.train.runs import RunDir
 from tests.smoke import final_weights, resnorm_lm_process, run_cli, smoke_args, train_losses
@@ -62,7 +61,7 @@ def test_print_config_resolves_profile_then_recipe(capsys):
     assert run_cli(["fit", "--recipe", "postnorm-12l-nowarmup", "--profile", "cpu", "--print_config"]) == 0
     config = yaml.safe_load(capsys.readouterr().out)
     assert config["model"]["arch"]["placement"] == "postnorm"  # from the recipe
-    assert config["model"]["optim"]["warmup_steps"] == 0  # the recipe overrides the profile's 50
+    assert config["model"]["optim"]["warmup_fraction"] == 0  # the recipe overrides the profile's 0.1
     assert config["model"]["arch"]["n_embd"] == 128  # from the profile
     assert config["run"] == {**config["run"], "recipe": "postnorm-12l-nowarmup", "profile": "cpu"}
 
@@ -103,28 +102,7 @@ def test_bad_config_fails_before_any_work(override, message, tmp_path, smoke_cor
     assert not (tmp_path / "runs").exists()
 
 
-# ---------------------------------------------------------------- schedule
-
-
-def test_warmup_then_cosine_to_the_floor():
-    lr = [warmup_cosine(s, warmup_steps=10, max_steps=110, min_lr_ratio=0.1) for s in range(120)]
-    assert lr[0] == pytest.approx(0.1) and lr[9] == pytest.approx(1.0)
-    assert lr[60] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + __import__("math").cos(__import__("math").pi * 0.5)))
-    assert lr[110] == pytest.approx(0.1) and lr[119] == pytest.approx(0.1)
-    assert all(a >= b for a, b in zip(lr[9:], lr[10:]))
-    assert warmup_cosine(0, warmup_steps=0, max_steps=10, min_lr_ratio=0.0) == pytest.approx(1.0)
-
-
-def test_a_warmup_as_long_as_the_run_warns_that_the_lr_never_reaches_its_peak():
-    from resnorm_lm.train.optim import build_optimizer
-
-    model = torch.nn.Linear(4, 4)
-    with pytest.warns(UserWarning, match=r"warmup_steps \(800\) is not below the run's 500 steps.*62%.*never decays"):
-        _, schedule = build_optimizer(model, OptimConfig(lr=1e-2, warmup_steps=800), 500)
-    assert schedule.lr_lambdas[0](499) == pytest.approx(500 / 800)  # still rising at the last step
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        build_optimizer(model, OptimConfig(lr=1e-2, warmup_steps=400), 500)
+# ---------------------------------------------------------------- optimizer (the schedules: test_schedules.py)
 
 
 def test_weight_decay_only_on_matrices():
@@ -348,7 +326,7 @@ def test_a_variant_takes_its_bases_tuned_setting_and_every_run_says_where_its_lr
     (root / "r-12l-rms.yaml").write_text("model: {}\nrun: {base: r-12l}\n")
     (root / "lonely-12l.yaml").write_text("model: {}\n")
     (root / "orphan-12l.yaml").write_text("model: {}\nrun: {base: nothing-12l}\n")
-    (root / "tuned" / "cpu" / "r-12l.yaml").write_text("model: {optim: {lr: 1.0e-3, warmup_steps: 200}}\n")
+    (root / "tuned" / "cpu" / "r-12l.yaml").write_text("model: {optim: {lr: 1.0e-3, warmup_fraction: 0.4}}\n")
 
     def run(recipe, *extra):
         args = expand_recipe_arguments(["fit", "--recipe", recipe, "--profile", "cpu", *extra], root)
@@ -357,7 +335,7 @@ def test_a_variant_takes_its_bases_tuned_setting_and_every_run_says_where_its_lr
     configs, args, err = run("r-12l-rms")  # no overlay of its own: its base's
     assert configs[-1] == str(root / "tuned/cpu/r-12l.yaml")
     assert "r-12l-rms has no tuned setting at the cpu profile; it takes its base r-12l's: lr 0.001, " \
-           "warmup_steps 200 (recipes/tuned/cpu/r-12l.yaml)" in err  # fmt: skip
+           "warmup_fraction 0.4 (recipes/tuned/cpu/r-12l.yaml)" in err  # fmt: skip
     assert "--run.tuned_overlay=recipes/tuned/cpu/r-12l.yaml" in args
     (root / "tuned" / "cpu" / "r-12l-rms.yaml").write_text("model: {optim: {lr: 4.0e-3}}\n")
     configs, args, err = run("r-12l-rms")  # its own, once a sweep wrote it
@@ -383,7 +361,7 @@ def test_every_variant_in_the_repository_names_a_base_that_exists_and_a_run_reco
     assert bases["sandwich-12l-paper"] == "sandwich-12l"
     assert bases["b2t-12l-paper"] is None  # its paper's own recipe: no base, its own LR and warmup, said so
     assert tuned_setting("b2t-12l-paper", "gpu") == (None, "b2t-12l-paper has no tuned setting at the gpu profile: "
-                                                     "it sets its own lr 0.001, warmup_steps 40")  # fmt: skip
+                                                     "it sets its own lr 0.001, warmup_fraction 0.08")  # fmt: skip
     overlay, said = tuned_setting("b2t-12l-paper", "cpu")  # its own grid's pick, where it has been swept
     assert overlay.name == "b2t-12l-paper.yaml" and said.startswith("tuned setting of b2t-12l-paper at the cpu")
     for variant in (r for r in bases if r.endswith("-xavier")):
@@ -399,8 +377,9 @@ def test_adamw_is_fused_on_cpu_and_steps_as_the_loop_over_tensors_does():
     torch.manual_seed(0)
     models = [GPT(GPTConfig(vocab_size=64, block_size=8, n_layer=2, n_head=2, n_embd=16)) for _ in range(2)]
     models[1].load_state_dict(models[0].state_dict())
-    fused, _ = build_optimizer(models[0], OptimConfig(lr=1e-2), 10)
-    loop, _ = build_optimizer(models[1], OptimConfig(lr=1e-2), 10, fused=False)
+    optim = OptimConfig(lr=1e-2, schedule="constant", warmup_fraction=10.0)  # LR 1e-4, 2e-4, 3e-4
+    fused, _ = build_optimizer(models[0], optim, 10)
+    loop, _ = build_optimizer(models[1], optim, 10, fused=False)
     assert fused.defaults["fused"] and not loop.defaults["fused"]
     idx = torch.randint(0, 64, (4, 8))
     for _ in range(3):

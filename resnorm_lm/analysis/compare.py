@@ -1,9 +1,9 @@
 """``resnorm-lm compare`` / ``make compare``: a fair comparison of recipes, each at its own tuned setting.
 
     resnorm-lm compare --recipes prenorm-12l postnorm-12l --profile cpu \\
-        --lrs 5e-4 1e-3 2e-3 --warmups 50 200 --seeds 1 2 3 [--jobs 2]
+        --lrs 5e-4 1e-3 2e-3 --warmups 0.1 0.4 --seeds 1 2 3 [--jobs 2]
 
-1. The grid: every recipe at every (peak lr, warmup) with the first seed (``--grid-seeds``).
+1. The grid: every recipe at every (peak lr, warmup fraction) with the first seed (``--grid-seeds``).
 2. Each recipe's setting is the one with the lowest mean validation loss over the seeds run at it
    (``resnorm_lm.analysis.sweep.select``); the chosen setting, and the runner-up when it lies within the seed
    spread, are then trained with every seed of ``--seeds`` and the choice is made again.
@@ -12,7 +12,7 @@
 Runs are evaluated at the precision each trained with (``--eval-precision 32-true`` for fp32); the tables
 say which precision their numbers were measured at.
 
-Every (recipe, lr, warmup, seed) is its own run directory, runs/<recipe>/<profile>-lr<lr>-wu<w>-seed<k>
+Every (recipe, lr, warmup, seed) is its own run directory, runs/<recipe>/<profile>-lr<lr>-wf<w>-seed<k>
 (without --lrs/--warmups: the recipe's own setting, runs/<recipe>/<profile>-seed<k>), trained when
 missing, resumed when unfinished, reused when finished, so an interrupted sweep continues where it
 stopped. Writes results/<profile>/compare.md and .csv (one row per recipe), grid.csv (one row per
@@ -69,7 +69,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--lrs", nargs="*", type=float, default=None, help="peak learning rates (default: the recipe's)"
     )
-    parser.add_argument("--warmups", nargs="*", type=int, default=None, help="warmup steps (default: the recipe's)")
+    parser.add_argument("--warmups", nargs="*", type=float, default=None,
+                        help="warmups as fractions of the run, model.optim.warmup_fraction "
+                             "(default: the recipe's)")  # fmt: skip
     parser.add_argument("--seeds", nargs="+", type=int, default=[1], help="seeds at each chosen setting")
     parser.add_argument("--grid-seeds", nargs="+", type=int, default=None,
                         help="seeds across the whole grid (default: the first of --seeds)")  # fmt: skip
@@ -104,8 +106,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if not lr > 0:
             parser.error(f"--lrs: every learning rate must be > 0, got {lr:g}")
     for warmup in args.warmups or []:
-        if warmup < 0:
-            parser.error(f"--warmups: every warmup must be >= 0, got {warmup}")
+        if not 0 <= warmup < 1:
+            steps = (
+                (
+                    " (warmups are fractions of the run since the schedule stopped depending on its length: 200 "
+                    "steps of the cpu profile's 500 is 0.4)"
+                )
+                if warmup >= 1
+                else ""
+            )
+            parser.error(f"--warmups: every warmup must be a fraction of the run in [0, 1), got {warmup:g}{steps}")
     if args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
     check_depth_args(parser, args)
@@ -190,7 +200,7 @@ def command_line(args, profile: str) -> str:
     if args.lrs:
         parts.append(f'LRS="{" ".join(f"{x:g}" for x in args.lrs)}"')
     if args.warmups:
-        parts.append(f'WARMUPS="{" ".join(map(str, args.warmups))}"')
+        parts.append(f'WARMUPS="{" ".join(f"{x:g}" for x in args.warmups)}"')
     if args.depths:
         parts.append(f'DEPTHS="{" ".join(map(str, args.depths))}"')
     if args.lrs_at:

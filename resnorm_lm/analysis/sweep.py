@@ -23,27 +23,27 @@ NOT_LEARNING_NATS = 0.1  # a validation loss within this of the unigram referenc
 
 @dataclass(frozen=True, order=True)
 class Setting:
-    """A peak learning rate and a warmup; None keeps the recipe's own value."""
+    """A peak learning rate and a warmup as a fraction of the run; None keeps the recipe's own value."""
 
     lr: float | None = None
-    warmup: int | None = None
+    warmup: float | None = None  # model.optim.warmup_fraction
 
     @property
     def tag(self) -> str:
-        """The run-directory tag: '' for the recipe's own setting, else e.g. 'lr0.001-wu200'."""
+        """The run-directory tag: '' for the recipe's own setting, else e.g. 'lr0.001-wf0.25'."""
         parts = ([f"lr{self.lr:g}"] if self.lr is not None else []) + (
-            [f"wu{self.warmup}"] if self.warmup is not None else []
+            [f"wf{self.warmup:g}"] if self.warmup is not None else []
         )
         return "-".join(parts)
 
     def overrides(self) -> list[str]:
         """LightningCLI overrides that train at this setting."""
         out = [f"--model.optim.lr={self.lr:g}"] if self.lr is not None else []
-        return out + ([f"--model.optim.warmup_steps={self.warmup}"] if self.warmup is not None else [])
+        return out + ([f"--model.optim.warmup_fraction={self.warmup:g}"] if self.warmup is not None else [])
 
     def describe(self) -> str:
         lr = f"lr {self.lr:g}" if self.lr is not None else "recipe lr"
-        return f"{lr}, warmup {self.warmup if self.warmup is not None else 'of the recipe'}"
+        return f"{lr}, warmup {format(self.warmup, 'g') if self.warmup is not None else 'of the recipe'}"
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ class RunSpec:
 
     @property
     def tag(self) -> str:
-        """'d48-lr0.001-wu200', 'lr0.001-wu200', 'd48' or '' (the recipe as plain ``make train`` runs it)."""
+        """'d48-lr0.001-wf0.25', 'lr0.001-wf0.25', 'd48' or '' (the recipe as plain ``make train`` runs it)."""
         return "-".join(part for part in (self.arm.tag, self.setting.tag) if part)
 
     def overrides(self) -> list[str]:
@@ -92,8 +92,8 @@ class RunSpec:
         return run_directory(RunConfig(recipe=self.recipe, profile=profile, root=root, tag=self.tag), self.seed)
 
 
-def grid_settings(lrs: list[float] | None, warmups: list[int] | None) -> list[Setting]:
-    """Every (lr, warmup) pair of the grid; an empty axis keeps the recipe's own value."""
+def grid_settings(lrs: list[float] | None, warmups: list[float] | None) -> list[Setting]:
+    """Every (lr, warmup fraction) pair of the grid; an empty axis keeps the recipe's own value."""
     return [Setting(lr, wu) for lr in (lrs or [None]) for wu in (warmups or [None])]
 
 

@@ -108,7 +108,7 @@ class SweepTrainer:
         return [f"--run.root={self.root}", f"--run.tag={spec.tag}", *spec.overrides()]
 
     def label(self, spec: RunSpec) -> str:
-        """'prenorm-12l (smoke, 6 layers, lr 0.001, warmup 2, seed 1)': a run as compare's messages name it."""
+        """'prenorm-12l (smoke, 6 layers, lr 0.001, warmup 0.3, seed 1)': a run as compare's messages name it."""
         depth = "" if spec.depth is None else f", {spec.depth} layers"
         return f"{spec.recipe} ({self.profile}{depth}, {spec.setting.describe()}, seed {spec.seed})"
 

@@ -54,6 +54,7 @@ def recipe_row(sel: Selection, runs: dict[RunSpec, Path], unigram: float | None,
         for metric in METRICS:
             row[f"{prefix}_{metric}_mean"], row[f"{prefix}_{metric}_std"] = mean_std([r.get(metric) for r in results])
     facts = [RunDir(d).summary() for d in chosen.values()]
+    row["schedule"] = ", ".join(sorted({RunDir(d).optim().get("schedule", "cosine") for d in chosen.values()}))
     row["init"] = ", ".join(sorted({i for i in (RunDir(d).init() for d in chosen.values()) if i})) or None
     row["params"] = facts[0].get("params")
     row["tokens"] = facts[0].get("tokens")

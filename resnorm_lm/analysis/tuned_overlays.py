@@ -49,5 +49,5 @@ def write_tuned_overlays(table: list[dict], grid: list[dict], out_dir: Path, pro
             evidence.append(f"the chosen warmup is the {row['warmup_edge']} of the grid: widen it on that side")
         out_dir.mkdir(parents=True, exist_ok=True)
         with atomic_write(out_dir / f"{names[i]}.yaml", "w") as f:
-            warmup = None if row.get("warmup") is None else int(row["warmup"])
-            f.write(tuned_overlay(names[i], profile, row["lr"], warmup, evidence))
+            warmup = None if row.get("warmup") is None else float(row["warmup"])
+            f.write(tuned_overlay(names[i], profile, row["lr"], warmup, evidence, row.get("schedule")))

@@ -21,6 +21,8 @@ from resnorm_lm.data.sampling import (
 )
 from resnorm_lm.data.tokenizer import MIN_VOCAB
 
+DEFAULT_DATA_SEED = 1337  # the data order of a data module made outside a run (a run's follows its seed)
+
 
 class TextDataModule(L.LightningDataModule):
     """Token windows of a corpus: infinite, resumable training batches; exact evaluation windows.
@@ -35,7 +37,9 @@ class TextDataModule(L.LightningDataModule):
         batch_size: training windows per batch, per device.
         eval_batch_size: evaluation windows per batch; None uses ``batch_size``.
         num_workers: DataLoader worker processes.
-        seed: data order seed; the order is a function of (seed, data epoch, rank, world size).
+        seed: data order seed; the order is a function of (seed, data epoch, rank, world size). None (the
+            default): the run's seed (``seed_everything``, set by the command), so seed k sets both the init and
+            the data order and runs of one seed see the same batches whatever the recipe; outside a run, 1337.
         cache_dir: data cache; None uses ``$RESNORM_LM_CACHE`` or ``~/.cache/resnorm-lm``.
         max_chars: character budget for streamed corpora (fineweb-edu); None uses the corpus default.
         dtype: token bin dtype: auto (uint16 when vocab_size <= 65536), uint16 or uint32.
@@ -55,7 +59,7 @@ class TextDataModule(L.LightningDataModule):
         batch_size: int = 16,
         eval_batch_size: int | None = None,
         num_workers: int = 0,
-        seed: int = 1337,
+        seed: int | None = None,
         cache_dir: str | None = None,
         max_chars: int | None = None,
         dtype: str = "auto",
@@ -88,7 +92,8 @@ class TextDataModule(L.LightningDataModule):
         self.corpus, self.files, self.vocab_size = corpus, files, vocab_size
         self.block_size, self.batch_size = block_size, batch_size
         self.eval_batch_size = eval_batch_size or batch_size
-        self.num_workers, self.seed, self.cache_dir = num_workers, seed, cache_dir
+        self.num_workers, self.cache_dir = num_workers, cache_dir
+        self.seed = DEFAULT_DATA_SEED if seed is None else seed
         self.max_chars, self.dtype, self.random_offset = max_chars, dtype, random_offset
         self.prepared: PreparedData | None = None
 

@@ -15,6 +15,7 @@ Both backends are exact to their dtype's rounding (tests/test_cpu_attention.py).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -31,6 +32,7 @@ from resnorm_lm.train.precision import interleaved_thread_times, kept_per_machin
 BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "math": SDPBackend.MATH}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 PAIRS = 5  # interleaved (flash, math) timings; the lower median decides
+ATTENTION_ENV = "RESNORM_LM_CPU_ATTENTION"  # flash | math: this backend, not measured (the portable arithmetic)
 PROBE_VERSION = 1
 PROBE_SCORES = 1 << 24  # at most this many attention scores in the probe (64 MiB of fp32): the cpu profile has 2^20
 
@@ -106,6 +108,12 @@ def use_for_run(precision: str, batch: int, n_head: int, block_size: int, n_embd
     dtype = dtype_of(precision)
     if dtype is None:
         return None
+    fixed = os.environ.get(ATTENTION_ENV)
+    if fixed is not None:
+        if fixed not in BACKENDS:
+            raise ValueError(f"{ATTENTION_ENV}={fixed!r}: one of {', '.join(sorted(BACKENDS))}, or unset to measure")
+        use_cpu_sdpa_backend(DTYPES[dtype], BACKENDS[fixed])
+        return f"attention on CPU in {dtype}: SDPA's {fixed} backend (set by {ATTENTION_ENV}, not measured)"
     probe, source = choose(dtype, probe_shape(batch, n_head, block_size, n_embd // n_head))
     use_cpu_sdpa_backend(DTYPES[dtype], BACKENDS[probe.backend])
     return f"{probe.describe()}; {source}"

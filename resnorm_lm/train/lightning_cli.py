@@ -19,7 +19,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_only
 
 from resnorm_lm.data.cache import remove_temp_files
-from resnorm_lm.data.datamodule import TextDataModule
+from resnorm_lm.data.datamodule import DEFAULT_DATA_SEED, TextDataModule
 from resnorm_lm.train.checkpoint_callbacks import FinalCheckpoint, GoodStateCheckpoint
 from resnorm_lm.train.checkpoint_io import AtomicCheckpointIO
 from resnorm_lm.train.config_checks import check_hardware, check_memory, check_trainer_numbers
@@ -28,7 +28,7 @@ from resnorm_lm.train.lightning_module import LanguageModel
 from resnorm_lm.train.loaded_run import data_differences
 from resnorm_lm.train.logging import ContinuedCSVLogger
 from resnorm_lm.train.monitors import SparseThroughputMonitor
-from resnorm_lm.train.precision import PrecisionChoice, PrecisionError, resolve_precision, uses_cuda
+from resnorm_lm.train.precision import PrecisionChoice, PrecisionError, resolve_precision, tf32_wanted, uses_cuda
 from resnorm_lm.train.resume import CheckpointFacts, ResumeRequest, check_resume
 from resnorm_lm.train.run_lock import RunDirectoryInUse, RunLock
 from resnorm_lm.train.runs import RunConfig, RunDir, RunManifest, StopAfterSteps, run_directory
@@ -76,7 +76,11 @@ class ResnormCLI(LightningCLI):
         cfg = self.config[self.subcommand] if self.subcommand else self.config
         self.run_config = RunConfig(**vars(cfg.run))
         check_settings(cfg)
-        self.run_dir = run_directory(self.run_config, cfg.seed_everything)
+        seed = None if cfg.seed_everything is False else cfg.seed_everything  # an int once Lightning resolved True
+        if cfg.data.seed is None:  # seed k sets the data order too, the same for every recipe: runs pair by seed
+            cfg.data.seed = seed if seed is not None else DEFAULT_DATA_SEED
+        self.run_dir = run_directory(self.run_config, cfg.seed_everything, data_seed=cfg.data.seed,
+                                     init_seed=cfg.model.init_seed)  # fmt: skip
         self.slurm_job = SlurmJob.from_environment()  # None unless this process is a task that srun started
         self.resume_step: int | None = None
         self.resume_precision: str | None = None
@@ -89,6 +93,7 @@ class ResnormCLI(LightningCLI):
     def _choose_precision(self, cfg) -> PrecisionChoice:
         """Resolve ``auto`` once, say what was chosen and why, and pin it for relaunched DDP ranks."""
         try:
+            tf32_wanted()  # RESNORM_LM_TF32, read when the Trainer is built: a bad value said now
             choice = resolve_precision(cfg.trainer.precision, uses_cuda(cfg.trainer.accelerator), self.resume_precision)
         except PrecisionError as err:
             raise UsageError(str(err)) from None
@@ -109,7 +114,10 @@ class ResnormCLI(LightningCLI):
         sizes = (arch.n_head, arch.n_embd, data.batch_size, data.block_size)
         shape_is_valid = all(isinstance(n, int) and n > 0 for n in sizes) and arch.n_embd % arch.n_head == 0
         if not uses_cuda(cfg.trainer.accelerator) and shape_is_valid:  # else the model's config error comes next
-            line = use_for_run(cfg.trainer.precision, data.batch_size, arch.n_head, data.block_size, arch.n_embd)
+            try:
+                line = use_for_run(cfg.trainer.precision, data.batch_size, arch.n_head, data.block_size, arch.n_embd)
+            except ValueError as err:  # a kernel named in the environment that does not exist
+                raise UsageError(str(err)) from None
             if line is not None:
                 choices["attention"] = line
         if rank_zero_only.rank == 0:

@@ -83,7 +83,7 @@ def split_metrics(nll: float, targets: int, split_targets: int, split_bytes: int
 
 
 class LanguageModel(L.LightningModule):
-    """Cross-entropy training of a ``GPT`` with AdamW, warmup + cosine, and split metrics.
+    """Cross-entropy training of a ``GPT`` with AdamW and a named LR schedule (schedules.py), and split metrics.
 
     Args:
         arch: the model architecture (norm, backend, placement, sizes).
@@ -94,6 +94,7 @@ class LanguageModel(L.LightningModule):
             whether a bad step stops the run or is skipped, and where it is judged (host, or on the
             device with the fused optimizer skipping it there: resnorm_lm/train/divergence_on_device.py). A step
             is judged whole (all its micro-batches) and for all DDP ranks at once.
+        init_seed: the weights' seed; None (the default): the run's seed, which sets the data order too.
         compile: torch.compile the GPT in place (``nn.Module.compile``: state-dict keys unchanged, so
             checkpoints stay interchangeable). Opt-in: see docs/benchmarks.md for its effect here.
     """
@@ -105,6 +106,7 @@ class LanguageModel(L.LightningModule):
         log_grad_norms: bool = True,
         divergence: DivergenceConfig = DivergenceConfig(),  # noqa: B008
         compile: bool = False,
+        init_seed: int | None = None,
     ) -> None:
         super().__init__()
         self.arch = arch
@@ -117,7 +119,10 @@ class LanguageModel(L.LightningModule):
         self.compile_model = compile
         self.log_grad_norms = log_grad_norms
         self.save_hyperparameters({"arch": asdict(self.arch), "optim": asdict(self.optim)})
-        self.model = GPT(self.arch)
+        self.init_seed = init_seed
+        with torch.random.fork_rng(devices=[], enabled=init_seed is not None):
+            torch.manual_seed(init_seed) if init_seed is not None else None  # the run's RNG stream untouched
+            self.model = GPT(self.arch)
         self.stream_rms = StreamRMS(self.model)  # read in the training forward of logging steps
         self.train_seconds_before = 0.0  # wall time of earlier segments of a resumed run
         self.tokens_seen: int | None = 0  # training tokens consumed on all ranks (None: resumed from an old file)

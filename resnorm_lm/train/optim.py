@@ -1,22 +1,29 @@
-"""AdamW parameter groups and the warmup + cosine learning-rate schedule."""
+"""AdamW parameter groups, and the optimizer with its learning-rate schedule (``schedules.py``)."""
 
 from __future__ import annotations
 
-import math
-import warnings
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from resnorm_lm.train.schedules import SCHEDULES
+
+DEFAULT_COOLDOWN_FRACTION = 0.2  # Hagele et al. 2024: a 20% cooldown matches cosine at equal length
+
 
 @dataclass
 class OptimConfig:
-    """Optimizer and schedule. Recipes change warmup; profiles change the rest."""
+    """Optimizer and schedule. Recipes and tuned overlays change lr and warmup; profiles change the rest.
+
+    Warmup and cooldown are fractions of the run (``trainer.max_steps``), so the schedule's shape does not depend
+    on the run's length (``resnorm_lm/train/schedules.py``)."""
 
     lr: float = 1e-3  # peak learning rate, reached at the end of warmup
-    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio at max_steps
-    warmup_steps: int = 100  # linear warmup from 0 (0: start at the peak)
+    schedule: str = "cosine"  # cosine | wsd | constant (resnorm_lm/train/schedules.py)
+    warmup_fraction: float = 0.1  # linear warmup over this fraction of the run (0: start at the peak)
+    cooldown_fraction: float = DEFAULT_COOLDOWN_FRACTION  # wsd only: the final decay over this fraction of the run
+    min_lr_ratio: float = 0.1  # the LR the decay ends at, as a fraction of the peak (cosine, wsd)
     weight_decay: float = 0.1  # decoupled, on weight matrices only
     beta1: float = 0.9
     beta2: float = 0.95
@@ -27,8 +34,29 @@ class OptimConfig:
             raise ValueError(f"optim.lr must be > 0, got {self.lr}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
-        if self.warmup_steps < 0:
-            raise ValueError(f"optim.warmup_steps must be >= 0, got {self.warmup_steps}")
+        schedule = SCHEDULES.get(self.schedule)
+        if not self.warmup_fraction >= 0:
+            raise ValueError(f"optim.warmup_fraction must be >= 0 (a fraction of the run), got {self.warmup_fraction}")
+        if self.warmup_fraction >= 1 and not schedule.warmup_may_pass_end:
+            raise ValueError(
+                f"optim.warmup_fraction {self.warmup_fraction:g} reaches the end of the run: under schedule "
+                f"{self.schedule!r} the LR would never reach its peak nor decay. Use a fraction below 1, or ask for "
+                "a whole-run ramp by name: --model.optim.schedule=constant"
+            )
+        if not 0 < self.cooldown_fraction <= 1:
+            raise ValueError(f"optim.cooldown_fraction must be in (0, 1], got {self.cooldown_fraction}")
+        default_cooldown = DEFAULT_COOLDOWN_FRACTION
+        if not schedule.has_cooldown and self.cooldown_fraction != default_cooldown:
+            with_cooldown = [name for name in SCHEDULES.names() if SCHEDULES.get(name).has_cooldown]
+            raise ValueError(
+                f"optim.cooldown_fraction={self.cooldown_fraction:g} would change nothing under schedule "
+                f"{self.schedule!r}: leave it at {default_cooldown:g}, or use schedule {' or '.join(with_cooldown)}"
+            )
+        if schedule.has_cooldown and self.warmup_fraction + self.cooldown_fraction >= 1:
+            raise ValueError(
+                f"optim.warmup_fraction {self.warmup_fraction:g} plus cooldown_fraction {self.cooldown_fraction:g} "
+                "leave no part of the run at the peak: their sum must be below 1"
+            )
         if self.weight_decay < 0:
             raise ValueError(f"optim.weight_decay must be >= 0, got {self.weight_decay}")
         for name in ("beta1", "beta2"):
@@ -56,34 +84,20 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
-def warmup_cosine(step: int, *, warmup_steps: int, max_steps: int, min_lr_ratio: float) -> float:
-    """Multiplier of the peak LR at ``step``: linear warmup from 0, then cosine to ``min_lr_ratio``."""
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    if step >= max_steps:
-        return min_lr_ratio
-    progress = (step - warmup_steps) / max(1, max_steps - warmup_steps)
-    return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
 FUSED_ADAMW_DEVICES = ("cuda", "cpu")  # where torch has a fused AdamW kernel
 
 
 def build_optimizer(
     model: nn.Module, cfg: OptimConfig, max_steps: int, fused: bool | None = None
 ) -> tuple[torch.optim.Optimizer, object]:
-    """AdamW over ``parameter_groups`` and a per-step LambdaLR of ``warmup_cosine``.
+    """AdamW over ``parameter_groups`` and a per-step LambdaLR of the configured schedule over ``max_steps``.
 
     ``fused`` (default: on CUDA and CPU) runs one fused kernel per step instead of a Python loop over tensors: on
     the cpu profile's 148 tensors about 4x less time per step (docs/benchmarks.md).
     """
     if max_steps is None or max_steps <= 0:
-        raise ValueError("the cosine schedule needs --trainer.max_steps > 0 (the profiles set it)")
-    if cfg.warmup_steps >= max_steps:
-        peak = max_steps / cfg.warmup_steps
-        warnings.warn(f"optim.warmup_steps ({cfg.warmup_steps}) is not below the run's {max_steps} steps: the LR "
-                      f"rises for the whole run to {peak:.0%} of its peak and never decays. For warmup then "
-                      f"cosine, set --model.optim.warmup_steps below {max_steps}.", stacklevel=2)  # fmt: skip
+        raise ValueError("the LR schedule needs --trainer.max_steps > 0 (the profiles set it)")
+    multiplier = build_schedule(cfg, max_steps)
     if fused is None:
         fused = all(p.device.type in FUSED_ADAMW_DEVICES for p in model.parameters())
     optimizer = torch.optim.AdamW(
@@ -93,10 +107,9 @@ def build_optimizer(
         eps=cfg.eps,
         fused=True if fused else None,
     )
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer,
-        lambda step: warmup_cosine(
-            step, warmup_steps=cfg.warmup_steps, max_steps=max_steps, min_lr_ratio=cfg.min_lr_ratio
-        ),
-    )
-    return optimizer, schedule
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier)
+
+
+def build_schedule(cfg: OptimConfig, max_steps: int):
+    """The configured schedule over a run of ``max_steps``: step -> multiplier of the peak LR."""
+    return SCHEDULES.get(cfg.schedule)(max_steps, cfg.warmup_fraction, cfg.min_lr_ratio, cfg.cooldown_fraction)

@@ -286,10 +286,22 @@ def resolve_precision(requested: str | int | None, cuda: bool, resumed_with: str
     return choose_auto(cuda)
 
 
+TF32_ENV = "RESNORM_LM_TF32"  # off: fp32 matmuls on a GPU in full fp32 (the portable arithmetic: arithmetic.py)
+
+
+def tf32_wanted() -> bool:
+    """Whether fp32 matmuls on a GPU may use TF32 tensor cores: yes unless ``RESNORM_LM_TF32=off``."""
+    value = os.environ.get(TF32_ENV, "on").lower()
+    if value not in ("on", "off"):
+        raise PrecisionError(f"{TF32_ENV}={value!r}: on (TF32 matmuls on a GPU, the default) or off (full fp32)")
+    return value == "on"
+
+
 def set_matmul_precision_for(cuda: bool) -> None:
-    """On CUDA, let fp32 matmuls use TF32 tensor cores (Lightning warns while this is unset)."""
+    """On CUDA, let fp32 matmuls use TF32 tensor cores (Lightning warns while this is unset), unless
+    ``RESNORM_LM_TF32=off`` asks for full fp32."""
     if cuda:
-        torch.set_float32_matmul_precision("high")
+        torch.set_float32_matmul_precision("high" if tf32_wanted() else "highest")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,6 +27,9 @@ def recipes_dir() -> Path:
 RECIPES_DIR = recipes_dir()
 
 
+TUNED_KEYS = ("lr", "schedule", "warmup_fraction")  # what a tuned overlay sets under model.optim
+
+
 class RecipeError(ValueError):
     """An unknown recipe or profile name."""
 
@@ -87,7 +90,7 @@ def tuned_setting(recipe: str, profile: str, root: Path = RECIPES_DIR) -> tuple[
         return inherited, (f"{recipe} has no tuned setting at the {profile} profile; it takes its base {base}'s: "
                            f"{overlay_values(inherited)} ({shown(inherited, root)})")  # fmt: skip
     nor = f" (nor has its base {base})" if base is not None else ""
-    own_optim = {k: v for k, v in recipe_optim(recipe, root).items() if k in ("lr", "warmup_steps")}
+    own_optim = {k: v for k, v in recipe_optim(recipe, root).items() if k in TUNED_KEYS}
     if own_optim:
         values = ", ".join(f"{k} {v}" for k, v in own_optim.items())
         return None, f"{recipe} has no tuned setting at the {profile} profile{nor}: it sets its own {values}"
@@ -99,7 +102,11 @@ def overlay_values(path: Path) -> str:
     import yaml
 
     optim = ((yaml.safe_load(path.read_text()) or {}).get("model") or {}).get("optim") or {}
-    return ", ".join(f"{key} {optim[key]:g}" for key in ("lr", "warmup_steps") if key in optim)
+    return ", ".join(
+        f"{key} {optim[key]:g}" if not isinstance(optim[key], str) else f"{key} {optim[key]}"
+        for key in TUNED_KEYS
+        if key in optim
+    )
 
 
 def shown(path: Path, root: Path) -> str:
@@ -107,15 +114,20 @@ def shown(path: Path, root: Path) -> str:
     return f"recipes/{path.relative_to(root)}" if path.is_relative_to(root) else str(path)
 
 
-def tuned_overlay(recipe: str, profile: str, lr: float, warmup: int | None, evidence: list[str]) -> str:
-    """The text of ``recipes/tuned/<profile>/<recipe>.yaml`` for a chosen ``lr`` and ``warmup`` (None: the
-    recipe's own, as in a no-warmup ablation); ``evidence`` (the command, the hardware, the grid's numbers)
-    goes into its comments, one line each."""
+def tuned_overlay(
+    recipe: str, profile: str, lr: float, warmup: float | None, evidence: list[str], schedule: str | None = None
+) -> str:
+    """The text of ``recipes/tuned/<profile>/<recipe>.yaml`` for a chosen ``lr`` and ``warmup`` fraction (None:
+    the recipe's own, as in a no-warmup ablation); ``evidence`` (the command, the hardware, the grid's numbers)
+    goes into its comments, one line each. ``schedule``: the schedule the sweep's runs trained with, stated so
+    that the overlay means the same under a profile with another default."""
     lines = [f"# {recipe} at the {profile} profile: the peak LR and warmup chosen by a sweep (make compare)."]
     lines += [f"#   {line}" for line in evidence]
     lines += ["model:", "  optim:", f"    {'lr: ' + format(lr, 'g'):<22}# peak learning rate"]
+    if schedule is not None:
+        lines.append(f"    {'schedule: ' + schedule:<22}# resnorm_lm/train/schedules.py")
     if warmup is not None:
-        lines.append(f"    {'warmup_steps: ' + str(warmup):<22}# linear warmup steps")
+        lines.append(f"    {'warmup_fraction: ' + format(warmup, 'g'):<22}# linear warmup, this fraction of the run")
     return "\n".join(lines) + "\n"
 
 
@@ -173,22 +185,30 @@ def _take_option(args: list[str], name: str) -> tuple[list[str], str | None]:
 
 def expand_recipe_arguments(args: list[str], root: Path = RECIPES_DIR) -> list[str]:
     """Turn ``--recipe R --profile P`` into ``--config profiles/P.yaml --config R.yaml`` (and
-    ``--config tuned/P/R.yaml`` where a sweep tuned R at P) plus run names.
+    ``--config tuned/P/R.yaml`` where a sweep tuned R at P, unless ``--tuned none``) plus run names.
 
-    The configs go right after the subcommand, so later command-line overrides win.
+    The configs go right after the subcommand, so later command-line overrides win. ``--tuned none`` leaves the
+    tuned overlay out: a suite states every setting it tunes, and must not change when an overlay does.
     """
     args, recipe = _take_option(args, "recipe")
     args, profile = _take_option(args, "profile")
+    args, tuned_choice = _take_option(args, "tuned")
+    if tuned_choice not in (None, "auto", "none"):
+        raise RecipeError(f"--tuned {tuned_choice}: auto (the tuned overlay where there is one) or none")
     if recipe is None and profile is None:
+        if tuned_choice is not None:
+            raise RecipeError("--tuned goes with --recipe")
         return args
     profile = resolve_profile(profile or "auto", root)
     inserted = ["--config", str(root / "profiles" / f"{profile}.yaml"), f"--run.profile={profile}"]
     if recipe is not None:
         inserted += ["--config", str(recipe_path(recipe, root)), f"--run.recipe={recipe}"]
         tuned, line = tuned_setting(recipe, profile, root)
+        if tuned_choice == "none":
+            tuned, line = None, f"{recipe} at the {profile} profile without its tuned overlay (--tuned none)"
         if tuned is not None:
             inserted += ["--config", str(tuned)]
-        given = [name for name in ("lr", "warmup_steps") if any(a.startswith(f"--model.optim.{name}") for a in args)]
+        given = [name for name in TUNED_KEYS if any(a.startswith(f"--model.optim.{name}") for a in args)]
         if given:
             line += "; the command line sets " + " and ".join(f"model.optim.{name}" for name in given)
         print(f"resnorm-lm: {line}", file=sys.stderr)

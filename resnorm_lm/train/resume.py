@@ -9,11 +9,12 @@ checkpoint's own settings in silence:
   data seed, ``random_offset``, accumulation, world size: the sampler restarts at
   ``global_step x accumulation`` batches of the current size on the current ranks); and the
   optimizer settings, which the optimizer and LR scheduler states restore whatever the config says;
-* said aloud: a new ``max_steps``. The LR schedule stays the run's own (warmup, then cosine to its
-  floor at the run's first ``max_steps``), so extending a finished run continues at the floor rather
-  than re-stretching the cosine, which would jump the LR back up.
+* said aloud: a new ``max_steps``. The LR schedule stays the run's own (its warmup and decay placed over
+  the run's first ``max_steps``), so extending a finished run continues at the floor rather than
+  re-stretching the decay, which would jump the LR back up.
 
-Checkpoints written before a fact was recorded are checked on what they hold.
+Checkpoints written before a fact was recorded are checked on what they hold; one written when warmups
+were counted in steps is read as the fraction of its schedule's ``max_steps`` they were.
 """
 
 from __future__ import annotations
@@ -57,9 +58,25 @@ class CheckpointFacts:
         if not isinstance(ckpt, dict) or "global_step" not in ckpt:
             raise ResumeError(f"{path} is not a Lightning checkpoint (no global_step)")
         hparams = ckpt.get("hyper_parameters") or {}
-        return cls(path, int(ckpt["global_step"]), ckpt.get("precision"), hparams.get("arch"), hparams.get("optim"),
+        optim = hparams.get("optim")
+        if optim is not None:
+            optim = optim_in_fractions(optim, ckpt.get("schedule_max_steps"))
+        return cls(path, int(ckpt["global_step"]), ckpt.get("precision"), hparams.get("arch"), optim,
                    dict(ckpt.get("datamodule_hyper_parameters") or {}), ckpt.get("run"),
                    ckpt.get("schedule_max_steps"), ckpt.get("data_identity"))  # fmt: skip
+
+
+def optim_in_fractions(optim: dict[str, Any], max_steps: int | None) -> dict[str, Any]:
+    """A checkpoint's optimizer settings with a warmup counted in steps (written before warmups were fractions of
+    the run) restated as the ``warmup_fraction`` of its schedule's ``max_steps`` that it was, under the schedule
+    it then had: cosine, or a whole-run ramp (``constant``) where the warmup was not below ``max_steps``."""
+    if "warmup_steps" not in optim or not max_steps:
+        return optim
+    optim = dict(optim)
+    steps = optim.pop("warmup_steps")
+    optim["warmup_fraction"] = steps / max_steps
+    optim.setdefault("schedule", "cosine" if steps < max_steps else "constant")
+    return optim
 
 
 @dataclass(frozen=True)

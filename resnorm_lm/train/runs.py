@@ -62,9 +62,16 @@ class RunConfig:
             raise ValueError(f"run.stop_after_steps must be a step >= 1 (or null), got {self.stop_after_steps!r}")
 
 
-def run_directory(run: RunConfig, seed: int | None) -> Path:
+def run_directory(run: RunConfig, seed: int | None, *, data_seed: int | None = None,
+                  init_seed: int | None = None) -> Path:  # fmt: skip
+    """``<root>/<recipe>/<profile>[-<tag>]-seed<k>``: seed k sets the init and the data order. A data order or
+    an init fixed apart from the seed (``data.seed``, ``model.init_seed``) is named too (``-data<d>``,
+    ``-init<i>``), so that runs that differ in either never share a directory."""
     tag = f"-{run.tag}" if run.tag else ""
-    return Path(run.root) / run.recipe / f"{run.profile}{tag}-seed{seed if seed is not None else 'none'}"
+    name = f"{run.profile}{tag}-seed{seed if seed is not None else 'none'}"
+    name += f"-init{init_seed}" if init_seed is not None and init_seed != seed else ""
+    name += f"-data{data_seed}" if data_seed is not None and data_seed != seed else ""
+    return Path(run.root) / run.recipe / name
 
 
 @dataclass(frozen=True)
@@ -153,6 +160,10 @@ class RunDir:
         """``model.arch`` of the run's config ({} without config.yaml)."""
         return (self.config().get("model") or {}).get("arch") or {}
 
+    def optim(self) -> dict[str, Any]:
+        """``model.optim`` of the run's config ({} without config.yaml)."""
+        return (self.config().get("model") or {}).get("optim") or {}
+
     def init(self) -> str | None:
         """The weight init the run trained from (runs from before it was named: gpt2); None without config.yaml."""
         return self.arch().get("init", "gpt2") if self.config_path.is_file() else None
@@ -227,6 +238,7 @@ class RunManifest(L.Callback):
             }
         segment = {
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "arithmetic": run_arithmetic(trainer, pl_module),
             "resumed_from_step": self.resumed_from_step or 0,
             "host": platform.node(),
             "code_revision": code_revision(),
@@ -246,6 +258,8 @@ class RunManifest(L.Callback):
             "tuned_overlay": self.run.tuned_overlay or None,  # where LR and warmup came from ("none": untuned)
             "profile": self.run.profile,
             "seed": self.seed,
+            "seeds": {"init": self.seed if pl_module.init_seed is None else pl_module.init_seed,  # what each sets
+                      "data_order": getattr(trainer.datamodule, "seed", None)},
             **segment,
             "started": earlier.get("started", segment["started"]),  # when the run began
             "data": data,
@@ -259,6 +273,15 @@ class RunManifest(L.Callback):
         checkpoint["run"] = {"recipe": self.run.recipe, "profile": self.run.profile, "tag": self.run.tag,
                              "seed": self.seed, "world_size": trainer.world_size,
                              "accumulate_grad_batches": trainer.accumulate_grad_batches}  # fmt: skip
+
+
+def run_arithmetic(trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+    """What sets the run's arithmetic here, and its fingerprint (``arithmetic.py``), measured on its device."""
+    from resnorm_lm.train.arithmetic import describe, fingerprint
+
+    precision, device = str(trainer.precision), pl_module.device
+    batch = getattr(trainer.datamodule, "batch_size", 1)
+    return {**describe(device, precision), "fingerprint": fingerprint(pl_module.arch, batch, device, precision)}
 
 
 def legacy_segment(manifest: dict[str, Any]) -> dict[str, Any]:
