@@ -18,6 +18,7 @@ RESUME ?=
 ARGS ?=
 DATA ?= shakespeare
 RUNS ?=
+SUITE ?=
 RECIPES ?=
 SEEDS ?= 1
 LRS ?=
@@ -36,7 +37,7 @@ NUMERIC_TESTS := tests/test_norms.py tests/test_norm_properties.py tests/test_tr
 # file's tests kept in one worker so that its module fixtures are made once. TEST_WORKERS= runs one process.
 TEST_WORKERS ?= -n auto --maxprocesses=4 --dist loadfile
 
-.PHONY: help install test test-quick test-full test-avx2 lint format train data eval compare bench bench-kernels notebooks clean
+.PHONY: help install test test-quick test-full test-avx2 lint format train data eval compare suite bench bench-kernels notebooks clean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -91,6 +92,10 @@ compare: $(STAMP) ## Sweep RECIPES="..." over [LRS] [WARMUPS] [DEPTHS="6 12"] [L
 		$(if $(RECIPES),--recipes $(RECIPES)) \
 		$(if $(LRS),--lrs $(LRS)) $(if $(WARMUPS),--warmups $(WARMUPS)) $(if $(DEPTHS),--depths $(DEPTHS)) \
 		$(if $(LRS_AT),--lrs-at $(LRS_AT)) $(ARGS)
+
+suite: $(STAMP) ## Train and render a pre-registered suite SUITE=<name> (recipes/suites/) [JOBS: default one per core] [ARGS]
+	@test -n "$(SUITE)" || { echo "make suite: name one: SUITE=<name> ($$(ls recipes/suites | sed 's/\.yaml$$//' | tr '\n' ' '))" >&2; exit 2; }
+	$(PY) -m resnorm_lm suite $(SUITE) $(if $(filter command line environment,$(origin JOBS)),--jobs $(JOBS)) $(ARGS)
 
 bench: $(STAMP) ## Training-loop and norm benchmarks on this machine
 	$(PY) benchmarks/bench_training.py $(ARGS)

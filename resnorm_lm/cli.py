@@ -25,6 +25,7 @@ from resnorm_lm.train.run_lock import release_all
 TOOLS = {  # the commands beside LightningCLI's: the module whose main() each runs
     "eval": "resnorm_lm.analysis.evaluate",
     "compare": "resnorm_lm.analysis.compare",
+    "suite": "resnorm_lm.analysis.suite",
     "generate": "resnorm_lm.analysis.generate",
     "at-init": "resnorm_lm.analysis.at_init",
 }
@@ -34,6 +35,7 @@ COMMANDS = {  # what `resnorm-lm --help` lists: LightningCLI's fit, validate and
     "test": "one pass over the test split (LightningCLI; --ckpt_path a .ckpt file)",
     "eval": "perplexity, bits per byte and word perplexity of trained runs, as a table",
     "compare": "sweep recipes over learning rates and warmups, pick on validation, report test at the pick",
+    "suite": "train and render a pre-registered suite (recipes/suites/): one protocol, budget, seeds, intervals",
     "generate": "sample text from a trained run",
     "at-init": "every placement at initialization: per-block gradient norms and stream RMS, no training",
 }

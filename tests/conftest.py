@@ -17,12 +17,13 @@ os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 # that needs more threads sets them itself.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import contextlib  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from tests.smoke import run_cli_captured, smoke_args, write_corpus  # noqa: E402
+from tests.smoke import run_cli, run_cli_captured, smoke_args, write_corpus  # noqa: E402
 
 TRAINS = {"smoke_corpus", "recipe_run"}  # what every test that trains through the command takes, directly or not
 
@@ -77,6 +78,20 @@ def recipe_run(tmp_path_factory, smoke_corpus):
 def _seed_and_threads():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture
+def fits_in_this_process(monkeypatch):
+    """compare's (and a suite's) fits run in this process, not each in its own (test_eval's compare test starts
+    those): the same commands, without a torch and Lightning import for each."""
+    from resnorm_lm.analysis.running_fits import RunningFits
+
+    def run(self, cmd, cwd, env, stdout, stderr):
+        assert cmd[1:3] == ["-m", "resnorm_lm"] and stdout is None, cmd  # one job at a time, its output here
+        with contextlib.chdir(cwd):
+            return run_cli(cmd[3:])
+
+    monkeypatch.setattr(RunningFits, "run", run)
 
 
 @pytest.fixture

@@ -263,7 +263,7 @@ def test_guard_flags_nan_inf_and_spikes():
 @pytest.mark.parametrize("verdict", ["auto", "device"])  # auto: host verdicts on the CPU
 def test_a_diverging_run_stops_cleanly_and_says_so(baseline, tmp_path, capsys, verdict):
     corpus, root = baseline["corpus"], tmp_path / "runs"
-    code = run_cli(smoke_args(corpus, f"--run.root={root}", "--model.optim.lr=30", "--model.optim.warmup_steps=0",
+    code = run_cli(smoke_args(corpus, f"--run.root={root}", "--model.optim.lr=30", "--model.optim.warmup_fraction=0",
                               "--trainer.max_steps=30", "--model.divergence.factor=1.5", "--run.checkpoint_every=1",
                               f"--model.divergence.verdict={verdict}"))  # fmt: skip
     out = capsys.readouterr().out
@@ -282,7 +282,7 @@ def test_a_diverging_run_stops_cleanly_and_says_so(baseline, tmp_path, capsys, v
 
 def test_skip_mode_counts_skipped_steps(baseline, tmp_path, capsys):
     corpus, root = baseline["corpus"], tmp_path / "runs"
-    code = run_cli(smoke_args(corpus, f"--run.root={root}", "--model.optim.lr=30", "--model.optim.warmup_steps=0",
+    code = run_cli(smoke_args(corpus, f"--run.root={root}", "--model.optim.lr=30", "--model.optim.warmup_fraction=0",
                               "--trainer.max_steps=30", "--model.divergence.factor=1.5",
                               "--model.divergence.on_bad_step=skip", "--model.divergence.max_skips=3"))  # fmt: skip
     summary = json.loads((root / "prenorm-12l" / "smoke-seed1" / "eval.json").read_text())

@@ -48,7 +48,6 @@ def test_a_path_to_another_recipes_checkpoint_is_refused_and_nothing_is_written(
         ("--model.arch.n_layer=4", "model.arch.n_layer: checkpoint 12, now 4"),
         ("--model.optim.lr=0.05", "model.optim.lr: checkpoint 0.001, now 0.05"),
         ("--data.batch_size=3", "data.batch_size: checkpoint 4, now 3"),
-        ("--data.seed=7", "data.seed: checkpoint 1337, now 7"),
         ("--data.random_offset=false", "data.random_offset: checkpoint True, now False"),
         ("--trainer.accumulate_grad_batches=2", "trainer: accumulate_grad_batches: checkpoint 1, now 2"),
         ("--trainer.devices=2", "trainer: world_size: checkpoint 1, now 2"),
@@ -62,6 +61,15 @@ def test_both_resume_forms_refuse_what_a_resume_cannot_keep(started, capsys, for
     err = capsys.readouterr().err
     assert said in err and "start a new run" in err and "Traceback" not in err, err
     assert (started["run_dir"] / "config.yaml").read_text() == before  # the run's config is not overwritten
+
+
+def test_another_data_order_is_another_run(started, capsys):
+    """The data order is part of the run: by path its checkpoint is refused, and RESUME=last looks in the run
+    directory of that data order (seed1-data7), where there is nothing to resume."""
+    assert run_cli(resume_args(started, f"--ckpt_path={last_ckpt(started)}", "--data.seed=7")) == 2
+    assert "data.seed: checkpoint 1, now 7" in capsys.readouterr().err
+    assert run_cli(resume_args(started, "--ckpt_path=last", "--data.seed=7")) == 2
+    assert "there is no run to resume at" in (err := capsys.readouterr().err) and "smoke-seed1-data7" in err
 
 
 def test_the_data_content_is_checked_before_anything_is_written(started, tmp_path, capsys):

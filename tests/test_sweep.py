@@ -3,7 +3,6 @@ the unigram reference, the cost estimate, untied embeddings, and a tiny real swe
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import fcntl
 import json
@@ -207,20 +206,6 @@ def test_untied_embeddings_have_their_own_head():
     _, loss = untied(torch.randint(0, 50, (2, 8)), torch.randint(0, 50, (2, 8)))
     loss.backward()
     assert untied.lm_head.weight.grad is not None and untied.wte.weight.grad is not None
-
-
-@pytest.fixture
-def fits_in_this_process(monkeypatch):
-    """compare's fits run in this process, not each in its own (test_eval's compare test starts those): the same
-    commands, without a torch and Lightning import for each."""
-    from resnorm_lm.analysis.running_fits import RunningFits
-
-    def run(self, cmd, cwd, env, stdout, stderr):
-        assert cmd[1:3] == ["-m", "resnorm_lm"] and stdout is None, cmd  # one job at a time, its output here
-        with contextlib.chdir(cwd):
-            return run_cli(cmd[3:])
-
-    monkeypatch.setattr(RunningFits, "run", run)
 
 
 @pytest.mark.training

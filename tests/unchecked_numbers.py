@@ -24,6 +24,11 @@ class Unchecked:
 
 UNCHECKED = [
     # settings, constants, estimates, arithmetic of the set-up, a paper's claim, a licence's version
+    Unchecked(SETTING, "docs/comparing.md", "0.4 is 200 of the", "a warmup fraction: 200 / 500 steps"),
+    Unchecked(SETTING, "docs/comparing.md", "0.1 nats of the unigram loss", "the not-learning threshold"),
+    Unchecked(SETTING, "docs/comparing.md", "t(0.975, n - 1)", "the t quantile of a 95% interval"),
+    Unchecked(SETTING, "docs/comparing.md", "five seeds 2.78 standard errors", "t(0.975, 4): a statistics table"),
+    Unchecked(SETTING, "docs/comparing.md", "(0.05 nats)", "a suite's lr_tolerance"),
     Unchecked(SETTING, "*", "clipped at 1.0", "the gradient clip"),
     Unchecked(SETTING, "*", "clip at 1.0", "the gradient clip"),
     Unchecked(SETTING, "*", "clip 1.0", "the gradient clip"),

@@ -15,6 +15,14 @@
       tuned_overlays.py      tuned/<recipe>.yaml: each pick as a recipe overlay, with its evidence
       depth_report.py        the depth axis: depth.md/.csv, its figures, the layer contribution at the picks
       (every run directory is read through ``resnorm_lm.train.runs.RunDir``)
+    suite.py               ``resnorm-lm suite``: a pre-registered comparison trained and rendered; its rooms:
+      suite_file.py          the suite file (recipes/suites/<name>.yaml), read and checked
+      suite_designs.py       what a suite trains: the budget algorithm (tuned), the seed pilot (seeds)
+      suite_runner.py        training the design's plan, jobs at a time, in the suite's arithmetic
+      suite_report.py        its tables: means, paired differences and failure rates with their intervals
+      suite_plots.py         its figures: LR sensitivity per recipe, the paired differences, the seed spread
+    intervals.py           t intervals, paired differences, Wilson's interval, the groups they do not separate
+    provenance.py          whether runs share one arithmetic (their fingerprints), and a table's provenance lines
     plots.py               loss curves, LR sensitivity, gradient norms, the depth figures
     layer_contribution.py  the curse-of-depth measurement (loss when a block is skipped, angular distance)
     generate.py            ``resnorm-lm generate``: sample text from a trained run

@@ -44,6 +44,7 @@ from resnorm_lm.analysis.depth_report import write_depth_results
 from resnorm_lm.analysis.eval_records import ensure_picks_tested, unigram_reference
 from resnorm_lm.analysis.evaluate import PRECISIONS, RUN
 from resnorm_lm.analysis.layer_contribution import DEFAULT_TOKENS
+from resnorm_lm.analysis.provenance import ProvenanceError, table_provenance
 from resnorm_lm.analysis.report import hardware_of, markdown_report, plot_comparison, write_report
 from resnorm_lm.analysis.slurm_options import CONFIG_ENV, SlurmOptions
 from resnorm_lm.analysis.sweep_rounds import run_sweep
@@ -95,6 +96,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--contribution-tokens", type=int, default=DEFAULT_TOKENS,
                         help="validation tokens on which the layer contribution is measured at the picks (with "
                              f"--depths; default {DEFAULT_TOKENS}; 0: not measured)")  # fmt: skip
+    parser.add_argument("--mix-provenance", action="store_true",
+                        help="render runs of different arithmetic (fingerprints: docs/comparing.md) in one table, "
+                             "each row marked with its provenance (refused otherwise)")  # fmt: skip
     parser.add_argument("--eval-precision", default=RUN, choices=PRECISIONS, metavar="PRECISION",
                         help="run (default): evaluate each run at the precision it trained with; 32-true: fp32; "
                              "auto: this machine's fastest; or any Lightning precision")  # fmt: skip
@@ -214,6 +218,8 @@ def command_line(args, profile: str) -> str:
         extra.append(f'--train-args="{args.train_args}"')
     if args.depths and args.contribution_tokens != DEFAULT_TOKENS:
         extra.append(f"--contribution-tokens {args.contribution_tokens}")
+    if getattr(args, "mix_provenance", False):
+        extra.append("--mix-provenance")
     if getattr(args, "eval_precision", RUN) != RUN:
         extra.append(f"--eval-precision {args.eval_precision}")
     if extra:
@@ -248,6 +254,12 @@ def main(argv: list[str] | None = None) -> int:
     if not runs:
         print("resnorm-lm compare: no finished runs to compare", file=sys.stderr)
         return 1
+    provenance = table_provenance((spec.recipe, run_dir) for spec, run_dir in runs.items())
+    try:
+        provenance.check(args.mix_provenance)
+    except ProvenanceError as err:
+        print(f"resnorm-lm compare: error: {err}", file=sys.stderr)
+        return 2
     unigram = unigram_reference(next(iter(runs.values())))
     try:
         ensure_picks_tested(selections.values(), runs, args.eval_precision)
@@ -257,10 +269,13 @@ def main(argv: list[str] | None = None) -> int:
     rank = depth_sort_key if args.depths else sort_key
     table = sorted((recipe_row(sel, runs, unigram, len(args.seeds), args.eval_precision)
                     for sel in selections.values()), key=rank)  # fmt: skip
+    if len(provenance.labels) > 1:  # a mixed table, asked for: each row says where its runs come from
+        for row in table:
+            row["provenance"] = provenance.row_mark(row["recipe"])
     grid = grid_rows(selections, unigram, runs)
     out_dir = Path(args.results) / profile
     command, hardware = command_line(args, profile), hardware_of(list(runs.values()))
-    report = markdown_report(table, grid, profile, command, unigram, hardware, bool(args.depths))
+    report = markdown_report(table, grid, profile, command, unigram, hardware, bool(args.depths), provenance.lines())
     write_report(out_dir, report, table, grid)
     own_depths = {r: recipe_depth(r, profile) for r in args.recipes}
     write_tuned_overlays(table, grid, out_dir / "tuned", profile, command, hardware, own_depths)

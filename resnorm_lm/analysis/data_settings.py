@@ -28,7 +28,7 @@ def data_settings(recipe: str, profile: str, extra: list[str]) -> dict[str, Any]
     from resnorm_lm.data.datamodule import TextDataModule
     from resnorm_lm.train.recipes import expand_recipe_arguments
 
-    args = expand_recipe_arguments(["fit", "--recipe", recipe, "--profile", profile, *extra])
+    args = expand_recipe_arguments(["fit", "--recipe", recipe, "--profile", profile, *extra], say=False)
     parser = LightningArgumentParser(exit_on_error=False)
     parser.add_lightning_class_args(TextDataModule, "data")
     try:

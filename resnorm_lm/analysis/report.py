@@ -21,13 +21,14 @@ def num(mean: float | None, std: float | None, digits: int = 3) -> str:
 
 
 def markdown_report(table: list[dict], grid: list[dict], profile: str, command: str, unigram: float | None,
-                    hardware: str, depths: bool = False) -> str:  # fmt: skip
-    """compare.md; with ``depths`` a "layers" column after the recipe says which depth each row is."""
+                    hardware: str, depths: bool = False, provenance: list[str] | None = None) -> str:  # fmt: skip
+    """compare.md; with ``depths`` a "layers" column after the recipe says which depth each row is; ``provenance``:
+    the arithmetic the runs computed with (``provenance.py``), a line each."""
     runs = sum(r["n_runs"] for r in table)
     hours = sum(r["train_s"] for r in table) / 3600
     lines = [f"# Comparison: profile `{profile}`", "", f"Command: `{command}`", "",
              f"Date: {time.strftime('%Y-%m-%d')}. Hardware: {hardware}. Cost: {runs} runs, {hours:.2f} h of training.",
-             "",
+             "", *(f"Provenance: {line}" for line in provenance or []), *([""] if provenance else []),
              "Each recipe at its own setting: the (peak lr, warmup) with the lowest mean validation loss over the "
              "seeds run at it; test is evaluated only at that setting. Mean ± standard deviation over seeds. "
              f"Unigram reference (validation cross-entropy of the train split's token frequencies): "
@@ -44,7 +45,8 @@ def markdown_report(table: list[dict], grid: list[dict], profile: str, command: 
         lr += f" ({r['lr_edge']} of grid)" if r.get("lr_edge") else ""
         warmup = "-" if r.get("warmup") is None else str(r["warmup"])
         warmup += f" ({r['warmup_edge']} of grid)" if r.get("warmup_edge") else ""
-        cells = [r["recipe"], lr, warmup, str(r.get("n_seeds", 0))]
+        name = r["recipe"] + (f" [{r['provenance']}]" if r.get("provenance") else "")
+        cells = [name, lr, warmup, str(r.get("n_seeds", 0))]
         for key, digits in (("val_loss", 3), ("val_ppl", 1), ("val_bpb", 3), ("test_ppl", 1), ("test_bpb", 3)):
             cells.append(num(r.get(f"{key}_mean"), r.get(f"{key}_std"), digits))
         line = "| " + " | ".join([*cells, r.get("eval_precision") or "-", r["status"]]) + " |"

@@ -68,12 +68,15 @@ class Arm:
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One training run of a sweep: recipe (at a depth) x setting x seed."""
+    """One training run of a sweep: recipe (at a depth) x setting x seed. Seed k sets the init and the data order;
+    ``init_seed`` or ``data_seed`` fix one of them apart from it (a pilot that separates the two)."""
 
     recipe: str
     setting: Setting
     seed: int
     depth: int | None = None  # Arm.depth: None is the recipe's own
+    init_seed: int | None = None  # model.init_seed
+    data_seed: int | None = None  # data.seed
 
     @property
     def arm(self) -> Arm:
@@ -85,11 +88,14 @@ class RunSpec:
         return "-".join(part for part in (self.arm.tag, self.setting.tag) if part)
 
     def overrides(self) -> list[str]:
-        """LightningCLI overrides that train this run's depth and setting."""
-        return self.arm.overrides() + self.setting.overrides()
+        """LightningCLI overrides that train this run's depth, setting and any seed fixed apart from ``seed``."""
+        seeds = [f"--model.init_seed={self.init_seed}"] if self.init_seed is not None else []
+        seeds += [f"--data.seed={self.data_seed}"] if self.data_seed is not None else []
+        return self.arm.overrides() + self.setting.overrides() + seeds
 
     def run_dir(self, root: str, profile: str) -> Path:
-        return run_directory(RunConfig(recipe=self.recipe, profile=profile, root=root, tag=self.tag), self.seed)
+        run = RunConfig(recipe=self.recipe, profile=profile, root=root, tag=self.tag)
+        return run_directory(run, self.seed, data_seed=self.data_seed, init_seed=self.init_seed)
 
 
 def grid_settings(lrs: list[float] | None, warmups: list[float] | None) -> list[Setting]:

@@ -27,6 +27,8 @@ from resnorm_lm.train.runs import RunDir, working_root
 class SweepTrainer:
     """Trains run specs as subprocesses, ``jobs`` at a time (one GPU each where there are enough)."""
 
+    who = "compare"  # the command, as its messages name it
+
     def __init__(self, profile: str, root: str, extra: list[str], jobs: int) -> None:
         self.profile, self.root, self.extra, self.jobs = profile, root, extra, max(1, jobs)
         self.slots = list(range(self.jobs))
@@ -84,13 +86,13 @@ class SweepTrainer:
         todo = [data for key, data in wanted.items() if key not in self.prepared]
         if not todo:
             return
-        print(f"compare: preparing the data before the {self.jobs} parallel jobs start", flush=True)
+        print(f"{self.who}: preparing the data before the {self.jobs} parallel jobs start", flush=True)
         with contextlib.chdir(working_root()):  # where the jobs run: relative data.files and cache_dir mean the same
             for data in todo:
                 try:
                     TextDataModule(**data).prepare_data()
                 except (DataError, ValueError) as err:
-                    raise SystemExit(f"resnorm-lm compare: error: preparing the data: {err}") from None
+                    raise SystemExit(f"resnorm-lm {self.who}: error: preparing the data: {err}") from None
         self.prepared.update(json.dumps(data, sort_keys=True) for data in todo)
 
     def _train_in_a_slot(self, spec: RunSpec) -> int:
@@ -110,7 +112,25 @@ class SweepTrainer:
     def label(self, spec: RunSpec) -> str:
         """'prenorm-12l (smoke, 6 layers, lr 0.001, warmup 0.3, seed 1)': a run as compare's messages name it."""
         depth = "" if spec.depth is None else f", {spec.depth} layers"
-        return f"{spec.recipe} ({self.profile}{depth}, {spec.setting.describe()}, seed {spec.seed})"
+        fixed = "" if spec.init_seed is None else f", init of seed {spec.init_seed}"
+        fixed += "" if spec.data_seed is None else f", data order of seed {spec.data_seed}"
+        return f"{spec.recipe} ({self.profile}{depth}, {spec.setting.describe()}, seed {spec.seed}{fixed})"
+
+    def command(self, spec: RunSpec, resume: bool) -> list[str]:
+        """The ``fit`` command that trains (or resumes) ``spec``'s run."""
+        return [sys.executable, "-m", "resnorm_lm", "fit", "--recipe", spec.recipe, "--profile", self.profile,
+                f"--seed_everything={spec.seed}", *self.run_options(spec), *(["--ckpt_path=last"] if resume else []),
+                *self.extra]  # fmt: skip
+
+    def environment(self, slot: int) -> dict[str, str]:
+        """The fit's environment: one GPU each where there are enough, else a share of the cores."""
+        env = dict(os.environ)
+        if self.jobs > 1:
+            if self.gpu_per_job:
+                env["CUDA_VISIBLE_DEVICES"] = str(slot)
+            else:
+                env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.jobs))
+        return env
 
     def train(self, spec: RunSpec, slot: int) -> int | None:
         """Train ``spec``'s run and return the fit's exit code; None when compare is stopping (nothing started)."""
@@ -118,18 +138,12 @@ class SweepTrainer:
             return None
         run_dir = spec.run_dir(self.root, self.profile)
         resume = RunDir(run_dir).state() == "unfinished"
-        cmd = [sys.executable, "-m", "resnorm_lm", "fit", "--recipe", spec.recipe, "--profile", self.profile,
-               f"--seed_everything={spec.seed}", *self.run_options(spec), *(["--ckpt_path=last"] if resume else []),
-               *self.extra]  # fmt: skip
+        cmd = self.command(spec, resume)
         label = self.label(spec)
-        print(f"\ncompare: {'resuming' if resume else 'training'} {label}", flush=True)
-        env = dict(os.environ)
+        print(f"\n{self.who}: {'resuming' if resume else 'training'} {label}", flush=True)
+        env = self.environment(slot)
         out = None
         if self.jobs > 1:  # parallel runs: one log file each instead of interleaved progress bars
-            if self.gpu_per_job:
-                env["CUDA_VISIBLE_DEVICES"] = str(slot)
-            else:
-                env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.jobs))
             run_dir.mkdir(parents=True, exist_ok=True)
             out = (run_dir / "train.log").open("a")
             cmd.append("--trainer.enable_progress_bar=false")
@@ -141,9 +155,9 @@ class SweepTrainer:
         if code is None:
             return None
         if code != 0:
-            print(f"compare: {label} ended with exit code {code}", file=sys.stderr, flush=True)
+            print(f"{self.who}: {label} ended with exit code {code}", file=sys.stderr, flush=True)
         elif self.jobs > 1:
-            print(f"compare: finished {label} (log: {run_dir / 'train.log'})", flush=True)
+            print(f"{self.who}: finished {label} (log: {run_dir / 'train.log'})", flush=True)
         return code
 
 

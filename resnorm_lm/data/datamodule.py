@@ -21,7 +21,8 @@ from resnorm_lm.data.sampling import (
 )
 from resnorm_lm.data.tokenizer import MIN_VOCAB
 
-DEFAULT_DATA_SEED = 1337  # the data order of a data module made outside a run (a run's follows its seed)
+DEFAULT_DATA_SEED = 1337  # the data order of a data module made outside a run (a run's follows its seed), as of
+# every run before data orders followed the seed
 
 
 class TextDataModule(L.LightningDataModule):

@@ -2,7 +2,9 @@
 
     lightning_cli.py     ResnormCLI: LightningCLI with recipes, profiles, precision, resume checks
     lightning_module.py  LanguageModel, the GPT as a LightningModule
-    trainer.py, optim.py, precision.py       the Trainer, AdamW groups and schedule, ``precision: auto``
+    trainer.py, optim.py, precision.py       the Trainer, AdamW groups, ``precision: auto``
+    schedules.py                             the LR schedules by name, warmup and cooldown as fractions of the run
+    arithmetic.py                            what sets a run's arithmetic, its fingerprint, the portable setting
     recipes.py, runs.py, resume.py           recipe/profile files, run directories and manifests, resume rules
     loaded_run.py                            a trained run loaded back (model, data, where it came from)
     checkpoint_io.py                         checkpoint files: read as data (weights only), written atomically

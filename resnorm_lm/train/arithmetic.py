@@ -114,3 +114,40 @@ def probe_digest(arch: GPTConfig, batch_size: int, device: torch.device, precisi
         for tensor in sorted(hashlib.sha256(w).digest() for w in weights):  # in no particular order of names
             digest.update(tensor)
     return digest.hexdigest()[:16]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m resnorm_lm.train.arithmetic [--profile cpu] [--portable]``: this machine's fingerprint at a
+    profile's shapes, in fp32, without training a run: compare it with a table's to know whether this machine
+    computes its numbers."""
+    import argparse
+    import sys
+
+    import yaml
+
+    from resnorm_lm.train.cpu_attention import use_for_run
+    from resnorm_lm.train.recipes import RECIPES_DIR, resolve_profile
+
+    parser = argparse.ArgumentParser(prog="python -m resnorm_lm.train.arithmetic", description=main.__doc__)
+    parser.add_argument("--profile", default="cpu", help="whose width, heads, vocabulary, context and batch")
+    parser.add_argument("--portable", action="store_true", help="in the portable arithmetic (the suites')")
+    args = parser.parse_args(argv)
+    if args.portable and not is_portable(environment()):  # the caps are read when the libraries load: start again
+        os.execve(sys.executable, [sys.executable, "-m", "resnorm_lm.train.arithmetic", *sys.argv[1:]],
+                  {**os.environ, **PORTABLE_ENV})  # fmt: skip
+    config = yaml.safe_load((RECIPES_DIR / "profiles" / f"{resolve_profile(args.profile)}.yaml").read_text())
+    arch, data = config["model"]["arch"], config["data"]
+    reference = GPTConfig(vocab_size=data["vocab_size"], block_size=data["block_size"], n_layer=2,
+                          n_head=arch["n_head"], n_embd=arch["n_embd"])  # fmt: skip
+    use_for_run("32-true", data["batch_size"], arch["n_head"], data["block_size"], arch["n_embd"])  # as a fit does
+    record = describe(torch.device("cpu"), "32-true")
+    digest = probe_digest(reference, data["batch_size"], torch.device("cpu"), "32-true")
+    print(
+        f"reference fingerprint at the {args.profile} profile, fp32 on CPU: {digest} (v{FINGERPRINT_VERSION}); "
+        f"cpu_capability {record['cpu_capability']}, {record['threads']} thread(s), portable {record['portable']}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -183,7 +183,7 @@ def _take_option(args: list[str], name: str) -> tuple[list[str], str | None]:
     return rest, value
 
 
-def expand_recipe_arguments(args: list[str], root: Path = RECIPES_DIR) -> list[str]:
+def expand_recipe_arguments(args: list[str], root: Path = RECIPES_DIR, say: bool = True) -> list[str]:
     """Turn ``--recipe R --profile P`` into ``--config profiles/P.yaml --config R.yaml`` (and
     ``--config tuned/P/R.yaml`` where a sweep tuned R at P, unless ``--tuned none``) plus run names.
 
@@ -211,7 +211,8 @@ def expand_recipe_arguments(args: list[str], root: Path = RECIPES_DIR) -> list[s
         given = [name for name in TUNED_KEYS if any(a.startswith(f"--model.optim.{name}") for a in args)]
         if given:
             line += "; the command line sets " + " and ".join(f"model.optim.{name}" for name in given)
-        print(f"resnorm-lm: {line}", file=sys.stderr)
+        if say:
+            print(f"resnorm-lm: {line}", file=sys.stderr)
         inserted.append(f"--run.tuned_overlay={shown(tuned, root) if tuned is not None else 'none'}")
     at = next((i + 1 for i, a in enumerate(args) if not a.startswith("-")), 0)  # after the subcommand
     return args[:at] + inserted + args[at:]

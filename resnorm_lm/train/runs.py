@@ -38,6 +38,9 @@ def working_root() -> Path:
     return source_checkout() or Path.cwd()
 
 
+LEGACY_DATA_SEED = 1337  # the one data order of every run trained before data orders followed the run's seed
+
+
 @dataclass
 class RunConfig:
     """Where the run lives and how often it saves. Set by `make train`; rarely by hand."""
@@ -66,11 +69,13 @@ def run_directory(run: RunConfig, seed: int | None, *, data_seed: int | None = N
                   init_seed: int | None = None) -> Path:  # fmt: skip
     """``<root>/<recipe>/<profile>[-<tag>]-seed<k>``: seed k sets the init and the data order. A data order or
     an init fixed apart from the seed (``data.seed``, ``model.init_seed``) is named too (``-data<d>``,
-    ``-init<i>``), so that runs that differ in either never share a directory."""
+    ``-init<i>``), so that runs that differ in either never share a directory; but for the data order 1337,
+    which every run had before data orders followed the seed: those runs keep the names they were trained under
+    (and the resume checks tell such a run from one of the seed's own data order)."""
     tag = f"-{run.tag}" if run.tag else ""
     name = f"{run.profile}{tag}-seed{seed if seed is not None else 'none'}"
     name += f"-init{init_seed}" if init_seed is not None and init_seed != seed else ""
-    name += f"-data{data_seed}" if data_seed is not None and data_seed != seed else ""
+    name += f"-data{data_seed}" if data_seed not in (None, seed, LEGACY_DATA_SEED) else ""
     return Path(run.root) / run.recipe / name
 
 
@@ -137,6 +142,11 @@ class RunDir:
             return []
         with self.metrics_path.open(newline="") as f:
             return [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(f)]
+
+    def small_files(self) -> list[Path]:
+        """What a run keeps in git: its config, manifest, summary and metrics (never a checkpoint)."""
+        names = (self.config_path, self.path / "hparams.yaml", self.manifest_path, self.summary_path, self.metrics_path)
+        return [p for p in names if p.is_file()]
 
     def checkpoints(self) -> list[Path]:
         return sorted(self.checkpoints_dir.glob("*.ckpt"))

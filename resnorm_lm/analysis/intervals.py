@@ -1,0 +1,159 @@
+"""Intervals for small samples of runs: a mean's, a paired difference's, a failure rate's, and the groups of rows
+that the intervals do not separate.
+
+With n seeds, the 95% interval of a mean is ``mean ± t(0.975, n-1) * s / sqrt(n)`` (Student's t: 2.78 s/sqrt(n) at
+n = 5, not the normal 1.96). Two recipes trained on the same seeds (the same init draw and data order for seed k)
+pair by seed: the interval of their mean difference uses the spread of the differences, which is usually far
+smaller than either recipe's own. A failure rate (k stuck or diverged of n) gets Wilson's score interval, which
+stays inside [0, 1] and is sound at k = 0 or k = n.
+
+Student's t quantile is computed here (the regularized incomplete beta function by its continued fraction, then
+bisection) rather than taken from scipy, which the GPU image the suites also run on does not have.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+CONFIDENCE = 0.95
+
+
+def _incomplete_beta(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function I_x(a, b), by its continued fraction (modified Lentz)."""
+    if x <= 0:
+        return 0.0
+    if x >= 1:
+        return 1.0
+    if x > (a + 1) / (a + b + 2):  # the fraction converges fast below this point: use the symmetry there
+        return 1.0 - _incomplete_beta(b, a, 1.0 - x)
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    fraction = d
+    for m in range(1, 500):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):  # fmt: skip
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            fraction *= c * d
+        if abs(c * d - 1.0) < 1e-15:
+            break
+    return math.exp(log_front) * fraction / a
+
+
+def t_cdf(t: float, df: float) -> float:
+    """P(T <= t) for Student's t with ``df`` degrees of freedom."""
+    tail = 0.5 * _incomplete_beta(df / 2, 0.5, df / (df + t * t))
+    return 1.0 - tail if t > 0 else tail
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The ``p`` quantile of Student's t with ``df`` degrees of freedom (bisection on ``t_cdf``)."""
+    if not 0 < p < 1 or df <= 0:
+        raise ValueError(f"t_quantile needs 0 < p < 1 and df > 0, got p={p}, df={df}")
+    if p < 0.5:
+        return -t_quantile(1 - p, df)
+    low, high = 0.0, 1.0
+    while t_cdf(high, df) < p:
+        high *= 2
+    for _ in range(200):
+        mid = (low + high) / 2
+        low, high = (mid, high) if t_cdf(mid, df) < p else (low, mid)
+    return (low + high) / 2
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A mean over ``n`` values with the half-width of its two-sided ``CONFIDENCE`` interval (None for n < 2)."""
+
+    mean: float
+    half_width: float | None
+    n: int
+
+    @property
+    def low(self) -> float | None:
+        return None if self.half_width is None else self.mean - self.half_width
+
+    @property
+    def high(self) -> float | None:
+        return None if self.half_width is None else self.mean + self.half_width
+
+    def excludes_zero(self) -> bool:
+        return self.half_width is not None and (self.low > 0 or self.high < 0)
+
+    def text(self, digits: int = 3) -> str:
+        """'5.012 ± 0.008' (n >= 2), or the one value."""
+        if self.half_width is None:
+            return f"{self.mean:.{digits}f}"
+        return f"{self.mean:.{digits}f} ± {self.half_width:.{digits}f}"
+
+
+def mean_interval(values: Sequence[float]) -> Interval | None:
+    """The mean of ``values`` and its t interval; None for no values."""
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    if not values:
+        return None
+    n = len(values)
+    if n < 2:
+        return Interval(values[0], None, 1)
+    t = t_quantile(0.5 + CONFIDENCE / 2, n - 1)
+    return Interval(statistics.fmean(values), t * statistics.stdev(values) / math.sqrt(n), n)
+
+
+def paired_difference(a: dict[int, float], b: dict[int, float]) -> Interval | None:
+    """``a - b`` over the seeds both have (each a {seed: value}), as a mean with its t interval; None when they
+    share no seed."""
+    common = sorted(set(a) & set(b))
+    return mean_interval([a[k] - b[k] for k in common]) if common else None
+
+
+@dataclass(frozen=True)
+class Proportion:
+    """k of n, with Wilson's score interval."""
+
+    k: int
+    n: int
+
+    def interval(self) -> tuple[float, float]:
+        if self.n == 0:
+            return 0.0, 1.0
+        z = statistics.NormalDist().inv_cdf(0.5 + CONFIDENCE / 2)
+        p = self.k / self.n
+        centre = (p + z * z / (2 * self.n)) / (1 + z * z / self.n)
+        half = z * math.sqrt(p * (1 - p) / self.n + z * z / (4 * self.n * self.n)) / (1 + z * z / self.n)
+        return max(0.0, centre - half), min(1.0, centre + half)
+
+    def text(self) -> str:
+        """'1/5 (4-62%)'."""
+        low, high = self.interval()
+        return f"{self.k}/{self.n} ({100 * low:.0f}-{100 * high:.0f}%)"
+
+
+def groups(names: Sequence[str], separated: Callable[[str, str], bool]) -> dict[str, str]:
+    """Letters for rows ranked best first: rows that share a letter are not separated by their intervals.
+
+    A letter covers a longest stretch of consecutive rows no two of which ``separated`` says apart; a stretch
+    inside another gets none. A row gets the letters of every stretch it lies in (the display of Piepho 2004 for
+    ranked means): 'a' for the leaders and those tied with them, 'ab' for a row tied with both groups."""
+    stretches: list[tuple[int, int]] = []
+    for start in range(len(names)):
+        end = start
+        while end + 1 < len(names) and not any(separated(names[i], names[end + 1]) for i in range(start, end + 1)):
+            end += 1
+        if not any(s <= start and end <= e for s, e in stretches):
+            stretches.append((start, end))
+    letters = {name: "" for name in names}
+    for index, (start, end) in enumerate(stretches):
+        for name in names[start : end + 1]:
+            letters[name] += _letter(index)
+    return letters
+
+
+def _letter(index: int) -> str:
+    return "abcdefghijklmnopqrstuvwxyz"[index] if index < 26 else f"[{index}]"

@@ -1,0 +1,367 @@
+"""A suite's tables: its rows with their intervals (``intervals.py``), its provenance, and the files it writes.
+
+tuned: one row per recipe at its pick, over the fresh seeds only (the selection seed chose and is not reported):
+failures (stuck or diverged) as k of n with Wilson's interval, and apart from them the validation and test loss of
+the runs that learned, each a mean with its 95% t interval; the paired difference from the reference, seed by seed;
+groups of rows the paired intervals do not separate; the LRs within ``lr_tolerance`` of the best at the selection
+seed (how forgiving the recipe is); the runs spent against the budget; the runner-up against the pick on the seeds
+both have.
+
+seeds: for each recipe, the spread of the final validation loss when seed k varies the init and the data order,
+only the init, or only the data order; and how much pairing by seed narrows a difference's interval.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from resnorm_lm.analysis.intervals import Interval, Proportion, groups, mean_interval, paired_difference, t_quantile
+from resnorm_lm.analysis.provenance import TableProvenance
+from resnorm_lm.analysis.suite_designs import SeedPilot, TunedBudget
+from resnorm_lm.analysis.suite_file import Suite
+from resnorm_lm.analysis.sweep import NOT_LEARNING_NATS, RunOutcome, RunSpec, Setting
+from resnorm_lm.data.cache import atomic_write, write_csv_atomic
+from resnorm_lm.train.runs import RunDir
+
+
+def status_of(outcome: RunOutcome, unigram: float) -> str:
+    """One rule for every recipe: 'diverged', 'not learning' (within NOT_LEARNING_NATS of the unigram loss, or
+    above), or 'ok'."""
+    if outcome.diverged:
+        return "diverged"
+    return "not learning" if outcome.not_learning(unigram) else "ok"
+
+
+def _fmt(interval: Interval | None, digits: int = 3, sign: bool = False) -> str:
+    if interval is None:
+        return "-"
+    text = interval.text(digits)
+    return ("+" + text) if sign and interval.mean >= 0 else text
+
+
+def _lr(x: float) -> str:
+    return f"{x:g}"
+
+
+def lr_range(scores: dict[Setting, float], pick: Setting, tolerance: float) -> str:
+    """The contiguous LRs around the pick, at its warmup, scoring within ``tolerance`` of it at the selection
+    seed: '2e-3..8e-3 (4x)'."""
+    row = sorted((s.lr, v) for s, v in scores.items() if s.warmup == pick.warmup)
+    lrs = [lr for lr, _ in row]
+    best = scores[pick]
+    i = j = lrs.index(pick.lr)
+    while i > 0 and row[i - 1][1] <= best + tolerance:
+        i -= 1
+    while j + 1 < len(row) and row[j + 1][1] <= best + tolerance:
+        j += 1
+    if i == j:
+        return f"{_lr(lrs[i])} only"
+    return f"{_lr(lrs[i])}..{_lr(lrs[j])} ({lrs[j] / lrs[i]:.0f}x)"
+
+
+class TunedReport:
+    """The rows of a tuned suite (see the module's docstring)."""
+
+    def __init__(self, suite: Suite, design: TunedBudget, outcomes: dict[RunSpec, RunOutcome], root: str,
+                 unigram: float) -> None:  # fmt: skip
+        self.suite, self.design, self.outcomes, self.root, self.unigram = suite, design, outcomes, root, unigram
+        self.selections = {r: design.select(r, outcomes)[0] for r in suite.recipes}
+
+    def run_dir(self, spec: RunSpec) -> Path:
+        return spec.run_dir(self.root, self.suite.profile)
+
+    def fresh(self, recipe: str, setting: Setting | None, seeds: list[int]) -> dict[int, RunOutcome]:
+        if setting is None:
+            return {}
+        found = {k: self.outcomes.get(RunSpec(recipe, setting, k)) for k in seeds}
+        return {k: o for k, o in found.items() if o is not None}
+
+    def learned(self, recipe: str, split: str = "val") -> dict[int, float]:
+        """{seed: loss} of the pick's fresh seeds that learned (validation from training, test from eval)."""
+        sel = self.selections[recipe]
+        out = {}
+        for k, o in self.fresh(recipe, sel.pick, self.design.seeds).items():
+            if status_of(o, self.unigram) != "ok":
+                continue
+            if split == "val":
+                out[k] = o.val_loss
+            else:
+                test = ((RunDir(self.run_dir(o.spec)).summary().get("eval") or {}).get("test") or {}).get("loss")
+                if test is not None:
+                    out[k] = test
+        return out
+
+    def metric(self, recipe: str, key: str) -> Interval | None:
+        """A mean with its interval over the learned fresh seeds: val_ppl, val_bpb from eval.json; test_* from
+        its test evaluation."""
+        values = []
+        sel = self.selections[recipe]
+        for o in self.fresh(recipe, sel.pick, self.design.seeds).values():
+            if status_of(o, self.unigram) != "ok":
+                continue
+            summary = RunDir(self.run_dir(o.spec)).summary()
+            split, name = key.split("_", 1)
+            value = summary.get(key) if split == "val" else ((summary.get("eval") or {}).get("test") or {}).get(name)
+            if value is not None:
+                values.append(value)
+        return mean_interval(values)
+
+    def rows(self) -> list[dict[str, Any]]:
+        reference_val, reference_test = self.learned(self.suite.reference), self.learned(self.suite.reference, "test")
+        rows = []
+        for recipe in self.suite.recipes:
+            sel, d = self.selections[recipe], self.design
+            spent = sum(1 for spec in self.outcomes if spec.recipe == recipe)
+            row: dict[str, Any] = {"recipe": recipe, "runs": spent, "max_runs": d.max_runs}
+            if sel.pick is None:
+                done = sum(1 for s in d.grid() if RunSpec(recipe, s, d.selection_seed) in self.outcomes)
+                row["status"] = (f"selection: {done}/{len(d.grid())} grid runs" if not sel.complete
+                                 else "diverged at every setting")  # fmt: skip
+                rows.append(row)
+                continue
+            fresh = self.fresh(recipe, sel.pick, d.seeds)
+            failures = [o for o in fresh.values() if status_of(o, self.unigram) != "ok"]
+            val, test = self.learned(recipe), self.learned(recipe, "test")
+            row.update(lr=sel.pick.lr, warmup=sel.pick.warmup, lr_edge=sel.lr_edge,
+                       seeds=len(fresh), failures=Proportion(len(failures), len(fresh)),
+                       val_loss=mean_interval(list(val.values())), test_loss=mean_interval(list(test.values())),
+                       val_ppl=self.metric(recipe, "val_ppl"), test_ppl=self.metric(recipe, "test_ppl"),
+                       val_bpb=self.metric(recipe, "val_bpb"), test_bpb=self.metric(recipe, "test_bpb"),
+                       lr_range=lr_range(sel.scores, sel.pick, d.lr_tolerance),
+                       failure_kinds=", ".join(sorted({status_of(o, self.unigram) for o in failures})))  # fmt: skip
+            if recipe != self.suite.reference:
+                row["delta_val"] = paired_difference(val, reference_val)
+                row["delta_test"] = paired_difference(test, reference_test)
+            row["runner_up"] = self.runner_up(recipe)
+            missing = len(d.seeds) - len(fresh)
+            row["status"] = "partial: " + f"{len(fresh)}/{len(d.seeds)} fresh seeds" if missing else "complete"
+            rows.append(row)
+        ranked = sorted(rows, key=lambda r: (r.get("val_loss") is None, r["val_loss"].mean if r.get("val_loss")
+                                             else math.inf))  # fmt: skip
+        names = [r["recipe"] for r in ranked if r.get("val_loss")]
+        losses = {r: self.learned(r) for r in names}
+        letters = groups(names, lambda a, b: bool((d := paired_difference(losses[a], losses[b])) and
+                                                  d.excludes_zero()))  # fmt: skip
+        for row in ranked:
+            row["group"] = letters.get(row["recipe"], "")
+        return ranked
+
+    def runner_up(self, recipe: str) -> str:
+        """'4e-3/0.25: +0.012 ± 0.030 (2 seeds)': the runner-up minus the pick on the seeds both have."""
+        sel = self.selections[recipe]
+        if sel.runner_up is None:
+            return "-"
+        ups = {k: o.val_loss for k, o in self.fresh(recipe, sel.runner_up, self.design.runner_up_seeds).items()
+               if status_of(o, self.unigram) == "ok"}  # fmt: skip
+        picks = {k: o.val_loss for k, o in self.fresh(recipe, sel.pick, self.design.runner_up_seeds).items()
+                 if status_of(o, self.unigram) == "ok"}  # fmt: skip
+        diff = paired_difference(ups, picks)
+        where = f"{_lr(sel.runner_up.lr)}/{sel.runner_up.warmup:g}"
+        return f"{where}: {_fmt(diff, sign=True)} ({diff.n} seed{'s' if diff.n > 1 else ''})" if diff else f"{where}: -"
+
+    def grid_rows(self) -> list[dict[str, Any]]:
+        """Every finished run: recipe, setting, seed, its role, validation loss and status."""
+        out = []
+        for spec, o in sorted(self.outcomes.items(), key=lambda x: (self.suite.recipes.index(x[0].recipe),
+                                                                    x[0].setting, x[0].seed)):  # fmt: skip
+            sel = self.selections[spec.recipe]
+            role = ("selection" if spec.seed == self.design.selection_seed else
+                    "pick" if spec.setting == sel.pick else "runner-up" if spec.setting == sel.runner_up else
+                    "superseded")  # fmt: skip
+            if spec.seed == self.design.selection_seed and spec.setting in sel.extensions:
+                role = "extension"
+            out.append({"recipe": spec.recipe, "lr": spec.setting.lr, "warmup": spec.setting.warmup,
+                        "seed": spec.seed, "role": role, "val_loss": o.val_loss,
+                        "status": status_of(o, self.unigram)})  # fmt: skip
+        return out
+
+
+def tuned_markdown(report: TunedReport, rows: list[dict], provenance: TableProvenance, partial: bool) -> str:
+    suite, d = report.suite, report.design
+    total = sum(r["runs"] for r in rows)
+    lines = [f"# Suite `{suite.name}`{' (PARTIAL)' if partial else ''}", "", suite.about, "",
+             f"Rendered {time.strftime('%Y-%m-%d %H:%M')} from {total} runs (at most {d.max_runs} a recipe). "
+             f"Suite file: `{suite.path.name}`.", "", "Provenance (one arithmetic per table):", ""]  # fmt: skip
+    lines += [f"- {line}" for line in provenance.lines()]
+    lines += ["", f"Protocol: profile `{suite.profile}`; every run with " + ", ".join(f"`{a[2:]}`" for a in
+              suite.train_args()) + f". Budget: LRs {', '.join(map(_lr, d.lrs))} x warmup fractions "
+              f"{', '.join(f'{w:g}' for w in d.warmups)} at selection seed {d.selection_seed}; up to "
+              f"{d.extensions} one-point LR extensions beyond an edge pick; then seeds "
+              f"{', '.join(map(str, d.seeds))} at the pick and {', '.join(map(str, d.runner_up_seeds))} at the "
+              "runner-up. The selection seed is not reported.", "",
+              "Numbers: the fresh seeds at the pick. Loss: mean ± 95% t interval over the seeds that learned; "
+              f"failures (not learning: within {NOT_LEARNING_NATS} nats of the unigram loss {report.unigram:.3f}, or "
+              "diverged) counted apart, k/n with Wilson's 95% interval. Δ: paired by seed against "
+              f"`{suite.reference}`, mean ± 95% t interval. Rows sharing a letter are not separated by their "
+              f"paired intervals (95%, not adjusted for multiple comparisons). LR range: the LRs within "
+              f"{d.lr_tolerance:g} nats of the pick at the selection seed, at its warmup (one seed each).",
+              ""]  # fmt: skip
+    mixed = len(provenance.labels) > 1
+    head = [
+        "recipe",
+        "group",
+        "lr",
+        "warmup",
+        "seeds",
+        "failures",
+        "val loss",
+        "Δ val",
+        "test loss",
+        "Δ test",
+        "val bpb",
+        "test ppl",
+        "LR range",
+        "runner-up (Δ val)",
+        "runs",
+        "status",
+    ] + (["provenance"] if mixed else [])
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        lr = "-" if r.get("lr") is None else _lr(r["lr"]) + (f" ({r['lr_edge']} of grid)" if r.get("lr_edge") else "")
+        fails = r["failures"].text() + (f" {r['failure_kinds']}" if r.get("failure_kinds") else "") \
+            if r.get("failures") else "-"  # fmt: skip
+        cells = [f"`{r['recipe']}`", r.get("group") or "-", lr,
+                 "-" if r.get("warmup") is None else f"{r['warmup']:g}", str(r.get("seeds", 0)), fails,
+                 _fmt(r.get("val_loss")), _fmt(r.get("delta_val"), sign=True) if r["recipe"] != suite.reference
+                 else "reference", _fmt(r.get("test_loss")),
+                 _fmt(r.get("delta_test"), sign=True) if r["recipe"] != suite.reference else "reference",
+                 _fmt(r.get("val_bpb")), _fmt(r.get("test_ppl"), 1), r.get("lr_range", "-"),
+                 r.get("runner_up", "-"), f"{r['runs']}/{r['max_runs']}", r["status"]]  # fmt: skip
+        if mixed:
+            cells.append(provenance.row_mark(r["recipe"]))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def interval_columns(row: dict[str, Any]) -> dict[str, Any]:
+    """A row for the CSV: every interval as its mean, half-width and n; a proportion as k and n."""
+    out: dict[str, Any] = {}
+    for key, value in row.items():
+        if isinstance(value, Interval):
+            out.update({f"{key}_mean": value.mean, f"{key}_half_width": value.half_width, f"{key}_n": value.n})
+        elif isinstance(value, Proportion):
+            low, high = value.interval()
+            out.update({f"{key}_k": value.k, f"{key}_n": value.n, f"{key}_low": low, f"{key}_high": high})
+        else:
+            out[key] = value
+    return out
+
+
+# ---------------------------------------------------------------------------------------- the seed pilot
+
+
+class PilotReport:
+    """The seed pilot's numbers (see the module's docstring)."""
+
+    def __init__(self, suite: Suite, design: SeedPilot, outcomes: dict[RunSpec, RunOutcome], unigram: float) -> None:
+        self.suite, self.design, self.outcomes, self.unigram = suite, design, outcomes, unigram
+
+    def values(self, recipe: str, group: str) -> dict[int, float]:
+        """{seed: final validation loss} of the group's runs that learned."""
+        out = {}
+        for spec in self.design.cells(recipe)[group]:
+            o = self.outcomes.get(spec)
+            if o is not None and status_of(o, self.unigram) == "ok":
+                out[spec.seed] = o.val_loss
+        return out
+
+    def failures(self, recipe: str) -> list[str]:
+        found = []
+        for group, specs in self.design.cells(recipe).items():
+            for spec in specs:
+                o = self.outcomes.get(spec)
+                if o is not None and status_of(o, self.unigram) != "ok":
+                    found.append(f"{group} seed {spec.seed}: {status_of(o, self.unigram)} ({o.val_loss})")
+        return found
+
+    def spread_rows(self) -> list[dict[str, Any]]:
+        rows = []
+        for recipe in self.suite.recipes:
+            setting = self.design.settings[recipe]
+            for group in SeedPilot.GROUPS:
+                values = list(self.values(recipe, group).values())
+                rows.append({"recipe": recipe, "lr": setting.lr, "warmup": setting.warmup, "varies": group,
+                             "n": len(values), "mean": statistics.fmean(values) if values else None,
+                             "sd": statistics.stdev(values) if len(values) > 1 else None})  # fmt: skip
+        return rows
+
+    def pairing_rows(self) -> list[dict[str, Any]]:
+        """Each recipe against the reference, in each group: the sd of the paired differences against the sd an
+        unpaired difference would have, and the interval half-widths both ways."""
+        rows = []
+        reference = self.suite.reference
+        for recipe in self.suite.recipes:
+            if recipe == reference:
+                continue
+            for group in SeedPilot.GROUPS:
+                a, b = self.values(recipe, group), self.values(reference, group)
+                common = sorted(set(a) & set(b))
+                if len(common) < 2:
+                    continue
+                diffs = [a[k] - b[k] for k in common]
+                n = len(common)
+                sd_paired = statistics.stdev(diffs)
+                sd_unpaired = math.sqrt(statistics.variance([a[k] for k in common]) +
+                                        statistics.variance([b[k] for k in common]))  # fmt: skip
+                t = t_quantile(0.975, n - 1)
+                rows.append({"recipe": recipe, "reference": reference, "varies": group, "n": n,
+                             "mean_difference": statistics.fmean(diffs), "sd_paired": sd_paired,
+                             "sd_unpaired": sd_unpaired, "half_width_paired": t * sd_paired / math.sqrt(n),
+                             "half_width_unpaired": t * sd_unpaired / math.sqrt(n),
+                             "correlation": 1 - sd_paired**2 / sd_unpaired**2 if sd_unpaired else None})  # fmt: skip
+        return rows
+
+
+def pilot_markdown(report: PilotReport, provenance: TableProvenance, partial: bool) -> str:
+    suite, d = report.suite, report.design
+    spread, pairing = report.spread_rows(), report.pairing_rows()
+    lines = [f"# Seed pilot `{suite.name}`{' (PARTIAL)' if partial else ''}", "", suite.about, "",
+             f"Rendered {time.strftime('%Y-%m-%d %H:%M')}. Suite file: `{suite.path.name}`.", "",
+             "Provenance:", ""]  # fmt: skip
+    lines += [f"- {line}" for line in provenance.lines()]
+    lines += [
+        "",
+        "Every run with " + ", ".join(f"`{a[2:]}`" for a in suite.train_args()) + f". Seeds "
+        f"{', '.join(map(str, d.seeds))}; the fixed init or data order is seed {d.fixed_seed}'s.",
+        "",
+        "## The spread of the final validation loss",
+        "",
+        "| recipe | lr | warmup | what varies with the seed | runs | mean | sd |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    names = {"both": "init and data order", "init": "init only", "data": "data order only"}
+    for r in spread:
+        mean = "-" if r["mean"] is None else f"{r['mean']:.4f}"
+        sd = "-" if r["sd"] is None else f"{r['sd']:.4f}"
+        lines.append(f"| `{r['recipe']}` | {_lr(r['lr'])} | {r['warmup']:g} | {names[r['varies']]} | {r['n']} | "
+                     f"{mean} | {sd} |")  # fmt: skip
+    lines += ["", "## Pairing by seed", "",
+              f"Each recipe minus `{suite.reference}`, over the seeds both have: the sd of the paired differences "
+              "against the sd of an unpaired difference (the two recipes' variances added), and the 95% interval's "
+              "half-width each way.", "",
+              "| recipe | what varies | seeds | mean difference | sd paired | sd unpaired | ± paired | ± unpaired | "
+              "correlation |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in pairing:
+        corr = "-" if r["correlation"] is None else f"{r['correlation']:.2f}"
+        lines.append(f"| `{r['recipe']}` | {names[r['varies']]} | {r['n']} | {r['mean_difference']:+.4f} | "
+                     f"{r['sd_paired']:.4f} | {r['sd_unpaired']:.4f} | {r['half_width_paired']:.4f} | "
+                     f"{r['half_width_unpaired']:.4f} | {corr} |")  # fmt: skip
+    failed = [f"`{r}`: " + "; ".join(report.failures(r)) for r in suite.recipes if report.failures(r)]
+    lines += ["", "Runs that did not learn (left out above): " + (" ".join(failed) if failed else "none.")]
+    return "\n".join(lines) + "\n"
+
+
+def write_tables(out_dir: Path, name: str, markdown: str, tables: dict[str, list[dict[str, Any]]]) -> list[Path]:
+    """``<name>.md`` and one CSV per table, each written atomically."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with atomic_write(out_dir / f"{name}.md", "w") as f:
+        f.write(markdown)
+    written = [out_dir / f"{name}.md"]
+    for stem, rows in tables.items():
+        write_csv_atomic(out_dir / f"{stem}.csv", [interval_columns(r) for r in rows])
+        written.append(out_dir / f"{stem}.csv")
+    return written

@@ -1,0 +1,254 @@
+"""Suites: the pre-registered file, the budget algorithm (the same runs for every recipe wherever its pick lands),
+the seed pilot's design, the table's rule for stuck seeds and its paired intervals, the provenance check, and a
+tiny suite trained, interrupted and resumed without training a finished run twice."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from resnorm_lm.analysis.provenance import ProvenanceError, table_provenance
+from resnorm_lm.analysis.suite_designs import SeedPilot, TunedBudget
+from resnorm_lm.analysis.suite_file import SuiteError, available_suites, load
+from resnorm_lm.analysis.suite_report import TunedReport
+from resnorm_lm.analysis.sweep import RunOutcome, RunSpec, Setting
+from tests.smoke import run_cli_captured, write_learnable_corpus
+
+LRS = [0.001, 0.002, 0.004, 0.008]
+UNIGRAM = 6.4
+
+
+def suite_file(tmp_path: Path, **changes) -> Path:
+    raw = {"about": "a test suite", "design": "tuned", "profile": "smoke", "recipes": ["a-12l", "b-12l"],
+           "reference": "a-12l", "train": {"trainer.max_steps": 6},
+           "budget": {"lrs": LRS, "warmups": [0.1, 0.3], "selection_seed": 0, "extensions": 2,
+                      "seeds": [1, 2, 3, 4, 5], "runner_up_seeds": [1, 2]}}  # fmt: skip
+    raw.update(changes)
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump({k: v for k, v in raw.items() if v is not None}))
+    return path
+
+
+@pytest.fixture
+def recipes(monkeypatch, tmp_path):
+    """Two recipes named a-12l and b-12l (the repository's prenorm and postnorm), wherever a suite looks."""
+    from resnorm_lm.analysis import suite_file
+
+    real = suite_file.recipe_path
+    names = {"a-12l": "prenorm-12l", "b-12l": "postnorm-12l"}
+    monkeypatch.setattr(suite_file, "recipe_path", lambda name: real(names.get(name, name)))
+
+
+def outcomes_for(design: TunedBudget, recipe: str, loss_at, seeds=None) -> dict[RunSpec, RunOutcome]:
+    """Every run ``design`` plans for ``recipe``, finished, each scoring ``loss_at(setting, seed)`` (None:
+    diverged): the plan asked again after each round until it stops growing, as the runner does."""
+    done: dict[RunSpec, RunOutcome] = {}
+    while True:
+        new = [s for s in design.plan(done) if s.recipe == recipe and s not in done]
+        if not new:
+            return done
+        for spec in new:
+            loss = loss_at(spec.setting, spec.seed)
+            done[spec] = RunOutcome(spec, loss, diverged=loss is None)
+
+
+def bowl(best_lr: float, best_warmup: float = 0.3):
+    return lambda s, seed: 5.0 + 0.1 * math.log2(s.lr / best_lr) ** 2 + (0 if s.warmup == best_warmup else 0.05) \
+        + 0.001 * seed  # fmt: skip
+
+
+def test_every_suite_in_the_repository_loads(recipes):
+    assert {"placements-12l", "pilot-seeds"} <= set(available_suites())
+    placements = load("placements-12l")
+    assert placements.reference == "prenorm-12l" and placements.recipes[0] == "prenorm-12l"
+    assert len(placements.recipes) == 10 and TunedBudget(placements).max_runs == 21
+    assert "--trainer.precision=32-true" in placements.train_args() and placements.arithmetic == "portable"
+    pilot = load("pilot-seeds")
+    assert SeedPilot(pilot).max_runs == 13 and len(SeedPilot(pilot).plan({})) == 26
+
+
+@pytest.mark.parametrize("change, said", [
+    ({"budgets": {}}, "unknown key(s) budgets; a suite file has: about"),
+    ({"profile": None}, "`profile` is missing"),
+    ({"recipes": ["a-12l", "nothing-12l"]}, "unknown recipe 'nothing-12l'"),
+    ({"reference": "c-12l"}, "reference 'c-12l' is not one of its recipes"),
+    ({"design": "random"}, "unknown suite design 'random'; valid suite designs: seeds, tuned"),
+    ({"train": {"model.optim.lr": 0.1}}, "model.optim.lr is set by the design for each run"),
+    ({"arithmetic": "fast"}, "arithmetic 'fast': one of portable, native"),
+    ({"budget": {"lrs": LRS, "warmups": [0.1], "seeds": [0, 1], "runner_up_seeds": [1]}},
+     "the selection seed 0 must not be one of the fresh seeds"),
+    ({"budget": {"lrs": LRS, "warmups": [1.5], "seeds": [1], "runner_up_seeds": [1]}}, "fractions of the run"),
+    ({"budget": {"lrs": LRS, "warmups": [0.1], "seeds": [1], "runner_up_seeds": [2]}}, "a subset of budget.seeds"),
+    ({"budget": {"lrs": [1e-3, 2e-3], "warmups": [0.1], "seeds": [1], "runner_up_seeds": [1]}}, "at least three"),
+])  # fmt: skip
+def test_a_malformed_suite_file_is_refused_with_what_to_write(tmp_path, recipes, change, said):
+    with pytest.raises(SuiteError) as err:
+        load(str(suite_file(tmp_path, **change)))
+    assert said in str(err.value)
+    with pytest.raises(SuiteError, match="unknown suite 'nope'; available suites: .*placements-12l"):
+        load("nope")
+
+
+def test_the_budget_spends_the_same_runs_on_recipes_whose_picks_land_in_different_places(tmp_path, recipes):
+    design = TunedBudget(load(str(suite_file(tmp_path))))
+    low, high = outcomes_for(design, "a-12l", bowl(0.002)), outcomes_for(design, "b-12l", bowl(0.004, 0.1))
+    assert len(low) == len(high) == 8 + 5 + 2  # the grid, five fresh seeds, two at the runner-up
+    a, b = design.select("a-12l", low)[0], design.select("b-12l", high)[0]
+    assert (a.pick, b.pick) == (Setting(0.002, 0.3), Setting(0.004, 0.1)) and a.lr_edge is b.lr_edge is None
+    assert a.runner_up == Setting(0.002, 0.1)  # the other warmup costs 0.05, a factor 2 in LR 0.1
+    assert {s.seed for s in low if s.setting == a.pick} == {0, 1, 2, 3, 4, 5}  # selection seed 0, then fresh ones
+
+
+def test_a_pick_at_the_edge_extends_the_grid_at_most_twice_and_says_so_if_still_there(tmp_path, recipes):
+    design = TunedBudget(load(str(suite_file(tmp_path))))
+    once = outcomes_for(design, "a-12l", bowl(0.016))  # best one point beyond the grid
+    sel = design.select("a-12l", once)[0]  # 0.016 is the new edge; a second point shows it lies inside
+    assert sel.extensions == [Setting(0.016, 0.3), Setting(0.032, 0.3)] and sel.pick == Setting(0.016, 0.3)
+    assert sel.lr_edge is None and len(once) == 8 + 2 + 5 + 2
+    far = outcomes_for(design, "a-12l", bowl(1.0))
+    sel = design.select("a-12l", far)[0]
+    assert sel.extensions == [Setting(0.016, 0.3), Setting(0.032, 0.3)] and sel.lr_edge == "highest"
+    assert len(far) == design.max_runs == 8 + 2 + 5 + 2
+    down = design.select("a-12l", outcomes_for(design, "a-12l", bowl(0.00025)))[0]
+    assert down.extensions[0] == Setting(0.0005, 0.3)
+
+
+def test_a_recipe_that_diverges_everywhere_gets_no_seeds(tmp_path, recipes):
+    design = TunedBudget(load(str(suite_file(tmp_path))))
+    runs = outcomes_for(design, "a-12l", lambda s, seed: None)
+    sel = design.select("a-12l", runs)[0]
+    assert len(runs) == 8 and sel.complete and sel.pick is None and sel.extensions == []
+
+
+def fake_run(root: Path, spec: RunSpec, val: float | None, *, test: float | None = None, reference="r1",
+             model="m1", machine="CPU X") -> RunOutcome:  # fmt: skip
+    """A finished run directory as a suite's run leaves it (eval.json, manifest), and its outcome."""
+    run_dir = spec.run_dir(str(root), "smoke")
+    run_dir.mkdir(parents=True)
+    summary = {"finished": True, "step": 6, "val_loss": val, "val_bpb": None if val is None else val / 2,
+               "diverged": val is None}  # fmt: skip
+    if test is not None:
+        summary["eval"] = {"step": 6, "precision": "32-true", "trained_precision": "32-true", "test": {"loss": test}}
+    (run_dir / "eval.json").write_text(json.dumps(summary))
+    arithmetic = {"precision": "32-true", "torch": "2.13", "portable": True,
+                  "fingerprint": {"version": 1, "reference": reference, "model": model}}  # fmt: skip
+    segment = {"arithmetic": arithmetic, "hardware": {"cpu": machine}, "code_revision": "abc"}
+    (run_dir / "manifest.json").write_text(json.dumps({**segment, "segments": [segment]}))
+    return RunOutcome(spec, val, diverged=val is None)
+
+
+def test_the_table_counts_a_stuck_seed_apart_and_pairs_the_rest_by_seed(tmp_path, recipes):
+    suite = load(str(suite_file(tmp_path)))
+    design = TunedBudget(suite)
+    outcomes = {}
+    shared = {1: 0.00, 2: 0.04, 3: -0.03, 4: 0.02, 5: -0.01}  # what seed k's data order does to both recipes
+    for recipe, base in (("a-12l", 5.00), ("b-12l", 5.10)):
+        planned = outcomes_for(design, recipe, bowl(0.002))
+        for spec in planned:
+            val = bowl(0.002)(spec.setting, spec.seed) + (base - 5.0) + shared.get(spec.seed, 0)
+            if recipe == "b-12l" and spec.seed == 3 and spec.setting == design.select(recipe, planned)[0].pick:
+                val = 6.45  # stuck near the unigram loss: counted, not averaged
+            outcomes[spec] = fake_run(tmp_path / "runs", spec, val, test=val + 0.2)
+    report = TunedReport(suite, design, outcomes, str(tmp_path / "runs"), UNIGRAM)
+    rows = {r["recipe"]: r for r in report.rows()}
+    a, b = rows["a-12l"], rows["b-12l"]
+    assert a["failures"].k == 0 and (b["failures"].k, b["failures"].n) == (1, 5)
+    assert b["failure_kinds"] == "not learning"
+    assert b["val_loss"].n == 4 and b["val_loss"].mean < 5.2  # the stuck seed is not in the mean
+    assert b["delta_val"].n == 4 and b["delta_val"].mean == pytest.approx(0.10, abs=1e-9)
+    assert b["delta_val"].half_width == pytest.approx(0.0, abs=1e-9)  # the shared part cancels exactly
+    assert b["delta_test"].n == 4 and a["group"] == "a" and b["group"] == "b"
+    assert a["runs"] == b["runs"] == 15 and a["status"] == "complete"
+    assert a["lr_range"] == "0.002 only"  # 0.1 nats a factor 2 away: outside 0.05
+    selection = [r for r in report.grid_rows() if r["role"] == "selection"]
+    assert len(selection) == 16 and all(r["seed"] == 0 for r in selection)
+
+
+def test_runs_of_different_arithmetic_are_refused_in_one_table_unless_marked(tmp_path):
+    specs = [RunSpec("a-12l", Setting(1e-3, 0.1), k) for k in (1, 2)] + [RunSpec("b-12l", Setting(1e-3, 0.1), 1)]
+    dirs = []
+    for spec, reference in zip(specs, ("r1", "r1", "r2")):
+        fake_run(tmp_path, spec, 5.0, reference=reference, machine="EPYC" if reference == "r1" else "Xeon")
+        dirs.append((spec.recipe, spec.run_dir(str(tmp_path), "smoke")))
+    provenance = table_provenance(dirs)
+    with pytest.raises(ProvenanceError, match=r"different arithmetic: A: r1 \(v1\) \(2 runs, on EPYC\); B: r2"):
+        provenance.check(allow_mixed=False)
+    provenance.check(allow_mixed=True)
+    assert provenance.row_mark("a-12l") == "A" and provenance.row_mark("b-12l") == "B"
+    assert table_provenance(dirs[:2]).problems() == []  # one arithmetic: one table
+
+
+def test_a_recipe_whose_code_changed_its_numbers_between_runs_is_refused(tmp_path):
+    dirs = []
+    for k, model in ((1, "m1"), (2, "m2")):
+        spec = RunSpec("a-12l", Setting(1e-3, 0.1), k)
+        fake_run(tmp_path, spec, 5.0, model=model)
+        dirs.append((spec.recipe, spec.run_dir(str(tmp_path), "smoke")))
+    assert any("a-12l's runs have 2 model fingerprints" in p for p in table_provenance(dirs).problems())
+
+
+def test_runs_from_before_fingerprints_are_known_by_machine_precision_and_torch(tmp_path):
+    dirs = []
+    for k, cpu in ((1, "EPYC"), (2, "EPYC"), (3, "Xeon")):
+        run_dir = tmp_path / f"run{k}"
+        run_dir.mkdir()
+        (run_dir / "manifest.json").write_text(json.dumps({"hardware": {"cpu": cpu}, "precision": "32-true",
+                                                           "packages": {"torch": "2.13"}}))  # fmt: skip
+        dirs.append(("a-12l", run_dir))
+    assert table_provenance(dirs[:2]).problems() == []
+    assert "EPYC / 32-true / torch 2.13" in table_provenance(dirs).problems()[0]
+
+
+def test_the_seed_pilot_separates_the_init_from_the_data_order(tmp_path, recipes):
+    pilot = {"settings": {"a-12l": {"lr": 4e-3, "warmup": 0.25}, "b-12l": {"lr": 1e-3, "warmup": 0.5}},
+             "seeds": [1, 2, 3], "fixed_seed": 1}  # fmt: skip
+    design = SeedPilot(load(str(suite_file(tmp_path, design="seeds", budget=None, pilot=pilot))))
+    cells = design.cells("a-12l")
+    assert [(s.seed, s.init_seed, s.data_seed) for s in cells["init"]] == [(1, None, None), (2, None, 1), (3, None, 1)]
+    assert [(s.seed, s.init_seed, s.data_seed) for s in cells["data"]] == [(1, None, None), (2, 1, None), (3, 1, None)]
+    plan = design.plan({})
+    assert len(plan) == 2 * design.max_runs == 14 and len(set(plan)) == 14
+    assert plan[0].run_dir("r", "cpu").name == "cpu-lr0.004-wf0.25-seed1"
+    assert cells["init"][1].run_dir("r", "cpu").name == "cpu-lr0.004-wf0.25-seed2-data1"
+    assert cells["data"][2].run_dir("r", "cpu").name == "cpu-lr0.004-wf0.25-seed3-init1"
+    assert cells["data"][2].overrides()[-1] == "--model.init_seed=1"
+
+
+@pytest.mark.training
+def test_a_tiny_suite_trains_resumes_and_never_trains_a_finished_run_twice(tmp_path, fits_in_this_process):
+    corpus = write_learnable_corpus(tmp_path / "corpus")
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump({
+        "about": "tiny", "design": "tuned", "profile": "smoke", "recipes": ["prenorm-12l", "postnorm-12l"],
+        "reference": "prenorm-12l", "arithmetic": "native",
+        "train": {"trainer.max_steps": 60, "trainer.val_check_interval": 60, "model.optim.schedule": "wsd",
+                  "data.corpus": "text", "data.files": [corpus], "data.cache_dir": str(tmp_path / "cache"),
+                  "trainer.enable_progress_bar": False},
+        "budget": {"lrs": [1e-5, 3e-3, 1e-2], "warmups": [0.2], "selection_seed": 0, "extensions": 1,
+                   "seeds": [1, 2], "runner_up_seeds": [1]}}))  # fmt: skip
+    args = ["suite", str(path), "--root", str(tmp_path / "runs"), "--results", str(tmp_path / "results"), "--jobs", "1"]
+    first = run_cli_captured(args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    table = list(csv.DictReader((tmp_path / "results" / "tiny" / "table.csv").open()))
+    assert [r["recipe"] for r in table] and {r["status"] for r in table} == {"complete"}
+    assert all(int(r["runs"]) <= 3 + 1 + 2 + 1 for r in table)
+    runs = list(csv.DictReader((tmp_path / "results" / "tiny" / "runs.csv").open()))
+    assert {r["role"] for r in runs} >= {"selection", "pick"} and all(
+        r["seed"] != "0" for r in runs if r["role"] == "pick"
+    )
+    markdown = (tmp_path / "results" / "tiny" / "tiny.md").read_text()
+    assert "Provenance" in markdown and "| `prenorm-12l` |" in markdown and "reference" in markdown
+    for row in table:  # test evaluated at the picks' fresh seeds, and only there
+        assert float(row["test_loss_mean"]) > 0
+    tested = [
+        p for p in (tmp_path / "runs").glob("*/*/eval.json") if "test" in json.loads(p.read_text()).get("eval", {})
+    ]
+    assert tested and not any(p.parent.name.endswith("seed0") for p in tested)
+    again = run_cli_captured(args)  # everything finished: nothing trains, the same table
+    assert again.returncode == 0 and "suite: training" not in again.stdout
+    assert list(csv.DictReader((tmp_path / "results" / "tiny" / "table.csv").open()))[0]["recipe"] == table[0]["recipe"]
