@@ -31,7 +31,7 @@ LAUNCHER ?= local
 AVX2_ONLY := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
 NUMERIC_TESTS := tests/test_norms.py tests/test_norm_properties.py tests/test_triton_kernels.py \
 	tests/test_placements.py tests/test_model.py tests/test_gradient_flow.py tests/test_precision.py \
-	tests/test_loss.py tests/test_cpu_attention.py
+	tests/test_loss.py tests/test_cpu_attention.py tests/test_recorded_numbers.py
 
 # pytest-xdist: one worker per core, at most 4 (each test process runs one thread: tests/conftest.py), a test
 # file's tests kept in one worker so that its module fixtures are made once. TEST_WORKERS= runs one process.

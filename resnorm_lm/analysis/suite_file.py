@@ -88,8 +88,6 @@ def format_value(value: Any) -> str:
         return yaml.safe_dump(value, default_flow_style=True, width=1 << 16).strip()
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, float):
-        return format(value, "g")
     return str(value)
 
 

@@ -312,7 +312,7 @@ class PilotReport:
                              "mean_difference": statistics.fmean(diffs), "sd_paired": sd_paired,
                              "sd_unpaired": sd_unpaired, "half_width_paired": t * sd_paired / math.sqrt(n),
                              "half_width_unpaired": t * sd_unpaired / math.sqrt(n),
-                             "correlation": 1 - sd_paired**2 / sd_unpaired**2 if sd_unpaired else None})  # fmt: skip
+                             "shared": 1 - sd_paired**2 / sd_unpaired**2 if sd_unpaired else None})  # fmt: skip
         return rows
 
 
@@ -341,12 +341,13 @@ def pilot_markdown(report: PilotReport, provenance: TableProvenance, partial: bo
                      f"{mean} | {sd} |")  # fmt: skip
     lines += ["", "## Pairing by seed", "",
               f"Each recipe minus `{suite.reference}`, over the seeds both have: the sd of the paired differences "
-              "against the sd of an unpaired difference (the two recipes' variances added), and the 95% interval's "
-              "half-width each way.", "",
+              "against the sd of an unpaired difference (the two recipes' variances added), the 95% interval's "
+              "half-width each way, and the share of the variance the pair has in common (1 - paired / unpaired "
+              "variance: their correlation where the two spreads are equal).", "",
               "| recipe | what varies | seeds | mean difference | sd paired | sd unpaired | ± paired | ± unpaired | "
-              "correlation |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+              "shared |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in pairing:
-        corr = "-" if r["correlation"] is None else f"{r['correlation']:.2f}"
+        corr = "-" if r["shared"] is None else f"{r['shared']:.2f}"
         lines.append(f"| `{r['recipe']}` | {names[r['varies']]} | {r['n']} | {r['mean_difference']:+.4f} | "
                      f"{r['sd_paired']:.4f} | {r['sd_unpaired']:.4f} | {r['half_width_paired']:.4f} | "
                      f"{r['half_width_unpaired']:.4f} | {corr} |")  # fmt: skip

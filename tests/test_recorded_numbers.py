@@ -1,0 +1,45 @@
+"""The model computes what it computed when ``tests/recorded_numbers.py`` recorded it: every placement's saved
+weights load and give their logits, and every recipe's fingerprint (three training steps, bit for bit) is the same
+where the arithmetic is the same. A change meant to change no number (a refactor) must pass both."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from resnorm_lm.model.placements import PLACEMENTS
+from resnorm_lm.train.arithmetic import fingerprint
+from resnorm_lm.train.recipes import available_recipes
+from tests.recorded_numbers import GPT, HERE, TINY, GPTConfig, recipe_arch
+
+RECORDED = json.loads((HERE / "fingerprints.json").read_text())
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS.names())
+def test_a_saved_model_of_every_placement_loads_and_gives_its_logits(placement):
+    saved = torch.load(HERE / "checkpoints" / f"{placement}.pt", weights_only=True)
+    model = GPT(GPTConfig(**TINY, placement=placement))
+    model.load_state_dict(saved["state_dict"])  # strict: every key, no key left over
+    with torch.no_grad():
+        logits, _ = model(saved["ids"])
+    # the same arithmetic gives the same bits; another CPU kind's kernels round differently (~1e-7 relative)
+    torch.testing.assert_close(logits, saved["logits"], rtol=1e-5, atol=1e-6)
+
+
+def test_every_recipe_was_recorded():
+    # a new recipe: record it (python -m tests.recorded_numbers)
+    assert set(RECORDED["models"]) == set(available_recipes())
+
+
+def test_every_recipes_first_steps_are_bit_identical_to_the_recorded_ones():
+    cpu = torch.device("cpu")
+    here = fingerprint(recipe_arch("prenorm-12l"), 4, cpu, "32-true")["reference"]
+    if here != RECORDED["reference"]:
+        recorded = f"{RECORDED['reference']}, {RECORDED['cpu_capability']} kernels"
+        pytest.skip(f"this machine's arithmetic (reference fingerprint {here}) is not the one the numbers were "
+                    f"recorded with ({recorded}): bits differ")  # fmt: skip
+    changed = {r: (RECORDED["models"][r], p) for r in available_recipes()
+               if (p := fingerprint(recipe_arch(r), 4, cpu, "32-true")["model"]) != RECORDED["models"][r]}  # fmt: skip
+    assert not changed, f"recipes whose numbers changed (recorded, now): {changed}"
