@@ -45,7 +45,7 @@ def torch_add_norm(x, d, weight, bias, eps, is_rms):
     """The unfused reference: an add, then the norm (two kernels, or one more without d)."""
     s = x + d if d is not None else x
     y = F.rms_norm(s, (s.shape[-1],), weight, eps) if is_rms else F.layer_norm(s, (s.shape[-1],), weight, bias, eps)
-    return y, s
+    return s, y  # as the fused op: the sum, then its norm
 
 
 def traffic_bytes(rows: int, n: int, elem: int, with_d: bool, is_rms: bool, backward: bool) -> int:
@@ -126,7 +126,7 @@ def bench_case(norm, with_d, dtype, n, rows, device, copy_gbs):
     eps = 1e-5
 
     def fused():
-        return add_norm(x, d, w, b, eps, is_rms) if with_d else (fused_norm(x, w, b, eps, is_rms), x)
+        return add_norm(x, d, w, b, eps, is_rms) if with_d else (x, fused_norm(x, w, b, eps, is_rms))
 
     compiled = torch.compile(torch_add_norm, dynamic=False)
     impls = {
@@ -140,7 +140,7 @@ def bench_case(norm, with_d, dtype, n, rows, device, copy_gbs):
     for impl, fn in impls.items():
 
         def fwd_bwd(fn=fn):
-            y, s = fn()
+            s, y = fn()
             torch.autograd.backward([y, s] if with_d else [y], [dy, dy] if with_d else [dy])
 
         fwd_gpu, method = gpu_time_ms(fn)
@@ -167,7 +167,7 @@ def us_per_call(fn, dy, backward: bool, calls: int, sync=lambda: None) -> float:
     import time
 
     def call():
-        y, s = fn()
+        s, y = fn()
         if backward:
             torch.autograd.backward([y, s], [dy, dy])
 
@@ -225,7 +225,7 @@ def python_overhead_without_gpu(calls: int = 2000, repeats: int = 5) -> int:
 
     def fused_op():
         y, s, _, _ = ops.add_norm_fwd(x, d, w, b, 1e-5, False, None)
-        return y, s
+        return s, y
 
     paths = {"fast path": lambda: ops.add_norm(x, d, w, b, 1e-5, False), "custom op": fused_op,
              "torch eager (real compute)": lambda: torch_add_norm(x, d, w, b, 1e-5, False)}  # fmt: skip
@@ -246,8 +246,8 @@ def interpreter_smoke() -> int:
 
     x, d = torch.randn(256, 768), torch.randn(256, 768)
     w, b = torch.randn(768), torch.randn(768)
-    y, s = add_norm(x, d, w, b, 1e-5, False)
-    ref, _ = torch_add_norm(x, d, w, b, 1e-5, False)
+    s, y = add_norm(x, d, w, b, 1e-5, False)
+    _, ref = torch_add_norm(x, d, w, b, 1e-5, False)
     err = (y - ref).abs().max().item()
     print(f"TRITON_INTERPRET=1: one shape (256 x 768, layernorm + residual) through the interpreter: max |diff| "
           f"vs torch = {err:.2e}. Interpreter timings say nothing about GPU speed; no table.")  # fmt: skip

@@ -73,15 +73,16 @@ def plain_cross_entropy(h, weight, targets, reduction="mean"):
 def plain_path():
     """The model's loss through the logits and SDPA's default CPU kernel, for the duration."""
     import resnorm_lm.model.gpt as gpt
+    import resnorm_lm.model.layers as layers
 
-    saved_loss, saved_backends = gpt.linear_cross_entropy, dict(gpt.CPU_SDPA_BACKENDS)
+    saved_loss, saved_backends = gpt.linear_cross_entropy, dict(layers.CPU_SDPA_BACKENDS)
     gpt.linear_cross_entropy = plain_cross_entropy
-    gpt.CPU_SDPA_BACKENDS.clear()
+    layers.CPU_SDPA_BACKENDS.clear()
     try:
         yield
     finally:
         gpt.linear_cross_entropy = saved_loss
-        gpt.CPU_SDPA_BACKENDS.update(saved_backends)
+        layers.CPU_SDPA_BACKENDS.update(saved_backends)
 
 
 def gemm_peak(dtype: torch.dtype, n: int = 2048, repeat: int = 5) -> float:

@@ -14,7 +14,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import resnorm_lm.model.loss as loss_module
 import resnorm_lm.train.cpu_attention as cpu_attention
-from resnorm_lm.model.gpt import CPU_SDPA_BACKENDS, GPT, CausalSelfAttention, GPTConfig, use_cpu_sdpa_backend
+from resnorm_lm.model.gpt import GPT, GPTConfig
+from resnorm_lm.model.layers import CPU_SDPA_BACKENDS, CausalSelfAttention, use_cpu_sdpa_backend
 from tests.smoke import run_cli, smoke_args
 
 

@@ -359,7 +359,7 @@ def test_skipping_a_block_changes_the_loss_by_a_finite_amount_and_leaves_the_mod
         with skipped(block):  # barely moves: its logits are near zero)
             assert not torch.allclose(model(x)[0], before)
     block = model.blocks[1]
-    stream = model.placement.embed(torch.randn(2, 16, 32))
+    stream = model.stream.enter(torch.randn(2, 16, 32))
     with skipped(block):
         passed = block(stream)
     assert passed is stream  # both of ResiDual's streams pass through as they are

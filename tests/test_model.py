@@ -55,7 +55,7 @@ def test_gradients_reach_every_parameter(placement):
     if placement.startswith("rezero"):  # a zero gate blocks the gradient into its sublayer; open the gates
         with torch.no_grad():
             for block in model.blocks:
-                block.placement.gates.fill_(0.1)
+                block.alpha.fill_(0.1)
     _, loss = model(torch.randint(0, 97, (2, 16)), torch.randint(0, 97, (2, 16)))
     loss.backward()
     for name, p in model.named_parameters():
@@ -67,7 +67,7 @@ def test_rezero_gates_get_gradient_at_init():
     model = tiny(placement="rezero")
     _, loss = model(torch.randint(0, 97, (2, 16)), torch.randint(0, 97, (2, 16)))
     loss.backward()
-    assert all(block.placement.gates.grad.abs().min() > 0 for block in model.blocks)
+    assert all(block.alpha.grad.abs().min() > 0 for block in model.blocks)
 
 
 @pytest.mark.parametrize("norm", NORMS.names())
@@ -148,33 +148,34 @@ def test_dyt_llm_is_set_up_as_the_reference_llama_code_sets_it():
     and a learnable scalar sqrt(d) on the embeddings; the project's own DyT keeps one alpha 0.5 and a bias."""
     model = tiny(norm="dyt_llm")
     for block in model.blocks:
-        attn_norm, mlp_norm = block.placement.norms
+        attn_norm, mlp_norm = block.attn_norm, block.mlp_norm
         assert (attn_norm.alpha.item(), mlp_norm.alpha.item()) == pytest.approx((0.8, 0.2))
         assert attn_norm.bias is None and mlp_norm.bias is None
-    assert model.readout.alpha.item() == pytest.approx(0.2)
+    assert model.stream.final_norm.alpha.item() == pytest.approx(0.2)
     d = model.config.n_embd
-    assert model.embed_scale.gain.item() == pytest.approx(math.sqrt(d))
+    assert model.stream.embed_scale.gain.item() == pytest.approx(math.sqrt(d))
     idx = torch.randint(0, 97, (2, 9))
     pos = torch.arange(9)
     first_input = {}
     model.blocks[0].attn.register_forward_pre_hook(lambda m, args: first_input.setdefault("x", args[0]))
     model(idx)
     x = (model.wte(idx) + model.wpe(pos)) * math.sqrt(d)  # (B, T, C) the scaled embeddings
-    expected = model.blocks[0].placement.norms[0].weight * torch.tanh(0.8 * x)
+    expected = model.blocks[0].attn_norm.weight * torch.tanh(0.8 * x)
     torch.testing.assert_close(first_input["x"], expected)
     plain = tiny(norm="dyt")
-    assert isinstance(plain.embed_scale, torch.nn.Identity)
-    assert {n.alpha.item() for b in plain.blocks for n in b.placement.norms} == {0.5}
+    assert isinstance(plain.stream.embed_scale, torch.nn.Identity)
+    assert {n.alpha.item() for b in plain.blocks for n in (b.attn_norm, b.mlp_norm)} == {0.5}
 
 
 def test_dyt_lnout_keeps_dyt_in_the_blocks_and_a_layernorm_at_the_readout():
     from resnorm_lm.model.norms import DynamicTanh, LayerNorm
 
     model = tiny(norm="dyt_lnout")
-    assert all(type(n) is not LayerNorm and isinstance(n, DynamicTanh) for b in model.blocks for n in b.placement.norms)
-    assert type(model.readout) is LayerNorm
+    norms = [n for b in model.blocks for n in (b.attn_norm, b.mlp_norm)]
+    assert all(type(n) is not LayerNorm and isinstance(n, DynamicTanh) for n in norms)
+    assert type(model.stream.final_norm) is LayerNorm
     plain = tiny(norm="dyt")
-    plain.readout = LayerNorm(plain.config.n_embd)  # the same model built by hand: the same function
+    plain.stream.final_norm = LayerNorm(plain.config.n_embd)  # the same model built by hand: the same function
     plain.load_state_dict(model.state_dict())
     idx = torch.randint(0, 97, (2, 9))
     torch.testing.assert_close(model(idx)[0], plain(idx)[0], rtol=0, atol=0)

@@ -16,7 +16,7 @@ def model(placement: str, n_layer: int = 4) -> GPT:
 def by_hand(m: GPT, idx: torch.Tensor, pick) -> list[float]:
     """The stream after each block, walking the blocks ourselves; ``pick`` chooses the tensor measured."""
     x = m.wte(idx) + m.wpe(torch.arange(idx.shape[1]))  # (B, T, C)
-    stream = m.placement.embed(x)
+    stream = m.stream.enter(x)
     rms = []
     for block in m.blocks:
         stream = block(stream)

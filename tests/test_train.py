@@ -114,7 +114,7 @@ def test_weight_decay_only_on_matrices():
     assert all(p.ndim == 2 for p in decay["params"])
     assert "wpe.weight" in {names[id(p)] for p in no_decay["params"]}
     assert "wte.weight" in {names[id(p)] for p in decay["params"]}
-    assert any("gates" in names[id(p)] for p in no_decay["params"])
+    assert any(names[id(p)].endswith(".alpha") for p in no_decay["params"])  # ReZero's gates
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
 
 

@@ -35,11 +35,11 @@ def torch_add_norm(x, d, w, b, is_rms):
     s = x + d
     y = F.rms_norm(s, s.shape[-1:], w.to(s.dtype), 1e-5) if is_rms else F.layer_norm(s, s.shape[-1:], w.to(
         s.dtype), None if b is None else b.to(s.dtype), 1e-5)  # fmt: skip
-    return y, s
+    return s, y
 
 
 def grads(fn, x, d, w, b, dy, ds):
-    y, s = fn(x, d, w, b)
+    s, y = fn(x, d, w, b)
     leaves = [t for t in (x, d, w, b) if t is not None]
     return (y, s, *torch.autograd.grad([y, s], leaves, [dy.to(y.dtype), ds.to(s.dtype)]))
 

@@ -236,13 +236,14 @@ def test_the_eager_fast_path_matches_the_operators(is_rms, with_bias):
     w = torch.randn(48, requires_grad=True)
     b = torch.randn(48, requires_grad=True) if with_bias else None
     params = [t for t in (x, d, w, b) if t is not None]
-    y, s = ops.add_norm(x, d, w, b, 1e-5, is_rms)
+    s, y = ops.add_norm(x, d, w, b, 1e-5, is_rms)
     assert type(y.grad_fn).__name__ == "_AddNormFunctionBackward"
     y_op, s_op, _, _ = ops.add_norm_fwd(x, d, w, b, 1e-5, is_rms, None)
     torch.testing.assert_close(y, y_op)
     torch.testing.assert_close(s, s_op)
     for use in (lambda y, s: (y * y).sum(), lambda y, s: (s * s).sum(), lambda y, s: (y * s).sum()):
-        fast = torch.autograd.grad(use(*ops.add_norm(x, d, w, b, 1e-5, is_rms)), params)
+        s_fast, y_fast = ops.add_norm(x, d, w, b, 1e-5, is_rms)
+        fast = torch.autograd.grad(use(y_fast, s_fast), params)
         slow = torch.autograd.grad(use(y_op, s_op), params, retain_graph=True)
         for got, want in zip(fast, slow):
             torch.testing.assert_close(got, want)
@@ -326,7 +327,7 @@ def test_the_same_tensor_as_stream_and_sublayer_output():
 
     x = torch.randn(6, 40, requires_grad=True)
     w, b, g = torch.randn(40), torch.randn(40), torch.randn(6, 40)
-    y, s = ops.add_norm(x, x, w, b, 1e-5, False)
+    s, y = ops.add_norm(x, x, w, b, 1e-5, False)
     torch.testing.assert_close(s, 2 * x)
     torch.testing.assert_close(y, torch.nn.functional.layer_norm(2 * x, (40,), w, b, 1e-5))
     torch.autograd.backward([y, s], [g, g])

@@ -30,7 +30,7 @@ class TargetOnlyDriver:
 
 def block(x, d, w, b):
     """An add & LayerNorm, then an RMSNorm without the add, as a placement calls them."""
-    y, s = ops.add_norm(x, d, w, b, 1e-5, False)  # (R, 48) each
+    s, y = ops.add_norm(x, d, w, b, 1e-5, False)  # (R, 48) each
     return ops.norm(y * 2, w, None, 1e-5, True) + s
 
 

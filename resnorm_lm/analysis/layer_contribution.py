@@ -38,8 +38,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from resnorm_lm.data.cache import write_json_atomic
+from resnorm_lm.model.block import Stream
 from resnorm_lm.model.gpt import GPT
-from resnorm_lm.model.placements import Stream
 from resnorm_lm.targets import IGNORE_INDEX
 from resnorm_lm.train.runs import RunDir
 

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
+import re
 from dataclasses import dataclass, fields
 from functools import partial
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from resnorm_lm.model.block import Block
 from resnorm_lm.model.init import INITS
 from resnorm_lm.model.loss import linear_cross_entropy
 from resnorm_lm.model.norms import NORM_BACKENDS, NORMS, Norm, build_norm, check_norm_choice
-from resnorm_lm.model.placements import PLACEMENTS, BlockContext, Placement, Stream
+from resnorm_lm.model.placements import PLACEMENTS
 
 
 @dataclass
@@ -72,7 +71,7 @@ class GPTConfig:
                 f"does not say; use it with placement: {' or '.join(roled)}"
             )
 
-    def _refuse_settings_nothing_reads(self, placement: type[Placement], norm: type[Norm]) -> None:
+    def _refuse_settings_nothing_reads(self, placement: type[Block], norm: type[Norm]) -> None:
         """A setting changed from its default that the chosen placement or norm never reads is a mistake in the
         config, not a choice: say so rather than train a model that ignores it. (Defaults are accepted: recipes
         state them for every variant.)"""
@@ -103,114 +102,38 @@ def _divisor_near(n: int, k: int) -> int:
     return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: abs(d - k))
 
 
-# The SDPA backend for CPU inputs of each dtype; a dtype not here gets SDPA's own choice. Set once per process by
-# whoever measured which is fastest on this CPU (resnorm_lm/train/cpu_attention.py): torch's CPU flash kernel
-# is the faster in fp32 but several times slower than the math backend in bf16 (docs/benchmarks.md).
-CPU_SDPA_BACKENDS: dict[torch.dtype, SDPBackend] = {}
-
-
-def use_cpu_sdpa_backend(dtype: torch.dtype, backend: SDPBackend | None) -> None:
-    """Run attention on CPU tensors of ``dtype`` with ``backend`` where it can run, else the math backend (None:
-    SDPA's own choice), in this process."""
-    if backend is None:
-        CPU_SDPA_BACKENDS.pop(dtype, None)
-    else:
-        CPU_SDPA_BACKENDS[dtype] = backend
-
-
-class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention through ``F.scaled_dot_product_attention`` (on CPU with the backend
-    chosen for the dtype in ``CPU_SDPA_BACKENDS``)."""
-
-    def __init__(self, cfg: GPTConfig) -> None:
-        super().__init__()
-        self.n_head = cfg.n_head
-        self.n_embd = cfg.n_embd
-        self.dropout = cfg.dropout
-        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)  # q, k, v fused
-        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
-        self.resid_dropout = nn.Dropout(cfg.dropout)
-
-    def value_weight(self) -> torch.Tensor:
-        """The (C, C) rows of the fused weight that produce v (a view)."""
-        return self.c_attn.weight[2 * self.n_embd :]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)  # 3 x (B, T, C)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
-        dropout = self.dropout if self.training else 0.0
-        # eager only: a compiled graph keeps Inductor's own choice (and no guard on this process-wide table)
-        eager_cpu = q.device.type == "cpu" and not torch.compiler.is_compiling()
-        backend = CPU_SDPA_BACKENDS.get(q.dtype) if eager_cpu else None
-        # the chosen backend first, math where it cannot run (CPU flash has no dropout)
-        preferred = sdpa_kernel([backend, SDPBackend.MATH], set_priority=True) if backend is not None else None
-        with preferred or contextlib.nullcontext():
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)  # (B, nh, T, hs)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
-        return self.resid_dropout(self.c_proj(y))
-
-
-class MLP(nn.Module):
-    """Position-wise feed-forward: C -> 4C -> GELU -> C."""
-
-    def __init__(self, cfg: GPTConfig) -> None:
-        super().__init__()
-        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
-        self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
-        self.dropout = nn.Dropout(cfg.dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))  # (B, T, 4C) inside
-
-
-class Block(nn.Module):
-    """Attention and MLP sublayers wired by ``placement``, this block's instance of the model's placement."""
-
-    def __init__(self, cfg: GPTConfig, placement: Placement) -> None:
-        super().__init__()
-        self.attn = CausalSelfAttention(cfg)
-        self.mlp = MLP(cfg)
-        self.placement = placement  # its norms and learnable scalars; its formula in its docstring
-
-    def forward(self, stream: Stream) -> Stream:
-        return self.placement(stream, (self.attn, self.mlp))
-
-
 class GPT(nn.Module):
-    """Token + learned position embeddings, N blocks, a readout, and an LM head (tied to the token
-    embedding unless ``tie_embeddings`` is False).
+    """Token + learned position embeddings, the residual stream through N blocks, and an LM head (tied to the
+    token embedding unless ``tie_embeddings`` is False)::
 
-    ``placement`` (the class registered under ``config.placement``) owns the residual wiring: each block's is an
-    instance of it (``Block.placement``, holding that block's norms), and it says how the stream starts
-    (``embed``, after ``embedding_norm``), how it is read out (``readout``) and which tensor is the residual.
+        idx ──> wte + wpe ──> stream.enter ──> block 0 ... block N-1 ──> stream.exit ──> lm_head ──> logits
+
+    The placement named ``config.placement`` is the blocks' class (placements.py): it writes each block's formula
+    and builds the stream (``Block.residual_stream``: how it enters from the embeddings and how it is read out).
     """
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.config = cfg
-        self.placement = PLACEMENTS.get(cfg.placement)
-        make_norm = norm_factory(cfg)
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
-        self.drop = nn.Dropout(cfg.dropout)
-        self.embed_scale = NORM_BACKENDS.get(cfg.norm_backend).norm_class(cfg.norm).input_scale(cfg.n_embd)
-        self.blocks = nn.ModuleList(
-            [Block(cfg, self.placement(BlockContext(layer, cfg.n_layer, make_norm))) for layer in range(cfg.n_layer)]
-        )
-        self.embedding_norm = self.placement.build_embedding_norm(make_norm)  # Identity but for Peri-LN's
-        self.readout = self.placement.build_readout(make_norm)
+        self.stream = PLACEMENTS.get(cfg.placement).residual_stream(cfg, norm_factory(cfg))
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight  # tied input/output embeddings
+        self.register_load_state_dict_pre_hook(rename_keys_of_older_checkpoints)
         self.reset_parameters()
 
+    @property
+    def blocks(self) -> nn.ModuleList:
+        return self.stream.blocks
+
     def reset_parameters(self) -> None:
-        """The configured init (``init``; GPT-2's by default), then each placement's rule for its sublayers."""
+        """The configured init (``init``; GPT-2's by default) on every weight, then each block's rule for depth."""
         init = INITS.get(self.config.init)()
         init.init_weights(self)
         for block in self.blocks:
-            block.placement.init_sublayers(block.attn, block.mlp, init)
+            block.init_depth(init)
 
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None, reduction: str = "mean"
@@ -222,11 +145,7 @@ class GPT(nn.Module):
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
         pos = torch.arange(T, device=idx.device)  # (T,)
-        x = self.drop(self.embedding_norm(self.embed_scale(self.wte(idx) + self.wpe(pos))))  # (B, T, C)
-        stream = self.placement.embed(x)
-        for block in self.blocks:
-            stream = block(stream)
-        h = self.readout(stream)  # (B, T, C)
+        h = self.stream(self.wte(idx) + self.wpe(pos))  # (B, T, C): in through the blocks and out
         if targets is None:
             return self.lm_head(h), None  # (B, T, V)
         return None, linear_cross_entropy(h.flatten(0, 1), self.lm_head.weight, targets.flatten(), reduction)
@@ -241,6 +160,34 @@ class GPT(nn.Module):
         """Parameters counted once (the tied head is not counted twice); without position embeddings by default."""
         n = count_parameters(self)
         return n - self.wpe.weight.numel() if non_embedding else n
+
+
+# A checkpoint written before each placement became a block names its weights as the model was then built:
+# the blocks at the top level with their norms under ``placement``, the stream's ends as three modules.
+OLDER_KEYS = [(re.compile(old), new) for old, new in (
+    (r"^blocks\.(\d+)\.placement\.(?:inner\.)?norms\.0\.", r"stream.blocks.\1.attn_norm."),
+    (r"^blocks\.(\d+)\.placement\.(?:inner\.)?norms\.1\.", r"stream.blocks.\1.mlp_norm."),
+    (r"^blocks\.(\d+)\.placement\.norms_in\.0\.", r"stream.blocks.\1.attn_in_norm."),
+    (r"^blocks\.(\d+)\.placement\.norms_in\.1\.", r"stream.blocks.\1.mlp_in_norm."),
+    (r"^blocks\.(\d+)\.placement\.norms_out\.0\.", r"stream.blocks.\1.attn_out_norm."),
+    (r"^blocks\.(\d+)\.placement\.norms_out\.1\.", r"stream.blocks.\1.mlp_out_norm."),
+    (r"^blocks\.(\d+)\.placement\.gates$", r"stream.blocks.\1.alpha"),
+    (r"^blocks\.", "stream.blocks."),
+    (r"^embed_scale\.", "stream.embed_scale."),
+    (r"^embedding_norm\.", "stream.embed_norm."),
+    (r"^readout\.(?:norm\.)?", "stream.final_norm."),
+)]  # fmt: skip
+
+
+def rename_keys_of_older_checkpoints(module: nn.Module, state_dict: dict, prefix: str, *args) -> None:
+    """A state-dict pre-hook: the weights of a checkpoint from before placements were blocks (``OLDER_KEYS``),
+    renamed to today's names in place, so that such a checkpoint loads and gives the same logits."""
+    for key in [k for k in state_dict if k.startswith(prefix)]:
+        name = key[len(prefix) :]
+        for pattern, new in OLDER_KEYS:
+            if pattern.match(name):
+                state_dict[prefix + pattern.sub(new, name, count=1)] = state_dict.pop(key)
+                break
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -1,7 +1,7 @@
 """Weight initializations, chosen by name (``model.arch.init``).
 
 An init rule sets every Linear and Embedding of the model, and says how the residual branches' output
-projections are scaled with depth where the placement has no rule of its own (``Placement.init_sublayers``:
+projections are scaled with depth where the placement has no rule of its own (``Block.init_depth``:
 DeepNorm's beta and LNS's plain init are the placements' own). Which init a comparison uses decides which of the
 papers' mechanisms can appear: GPT-2's std 0.02 at width 128 is four times smaller than Xavier's, a regime where
 post-norm's gradients at init are flat with depth.

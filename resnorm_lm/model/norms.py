@@ -1,10 +1,11 @@
 """Normalization layers, chosen by name, each offering the Add & Norm primitive.
 
-Every norm maps (..., d) -> (..., d) over the last dimension and offers
-``x, h = add_norm(x, d)``, the residual add followed by the norm, in the order
-of its formula: ``x = x + d;  h = norm(x)``. The torch backend does it in two
-ops; a fused backend does it in one kernel. Placements are written against this
-primitive only.
+Every norm maps (..., d) -> (..., d) over the last dimension and offers the
+residual add followed by the norm, "Add & Norm": ``x, h = norm.add_norm(x, d)``
+(``x = x + d;  h = norm(x)``, in that order), and ``norm.of_sum(x, d)``, just
+``norm(x + d)``. The torch backend does it in two ops; a fused backend in one
+kernel. Placements are written against these, so each gets the fused path
+where its formula has an add followed by a norm.
 """
 
 from __future__ import annotations
@@ -65,6 +66,10 @@ class Norm(nn.Module):
         """``x + d`` and ``norm(x + d)``; x is the residual stream, d a sublayer output (B, T, C) each."""
         x = x + d  # (B, T, C)
         return AddNorm(x, self(x))
+
+    def of_sum(self, x: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+        """``norm(x + d)``: post-norm's "Add & Norm", through ``add_norm`` (fused where the backend fuses)."""
+        return self.add_norm(x, d).normed
 
     def extra_repr(self) -> str:
         return f"{self.dim}, eps={self.eps}"

@@ -21,8 +21,7 @@ class TritonLayerNorm(LayerNorm):
         return kernels.norm(x, self.weight, self.bias, self.eps, False)
 
     def add_norm(self, x: torch.Tensor, d: torch.Tensor) -> AddNorm:
-        normed, stream = kernels.add_norm(x, d, self.weight, self.bias, self.eps, False)
-        return AddNorm(stream, normed)
+        return AddNorm(*kernels.add_norm(x, d, self.weight, self.bias, self.eps, False))
 
 
 class TritonRMSNorm(RMSNorm):
@@ -32,8 +31,7 @@ class TritonRMSNorm(RMSNorm):
         return kernels.norm(x, self.weight, None, self.eps, True)
 
     def add_norm(self, x: torch.Tensor, d: torch.Tensor) -> AddNorm:
-        normed, stream = kernels.add_norm(x, d, self.weight, None, self.eps, True)
-        return AddNorm(stream, normed)
+        return AddNorm(*kernels.add_norm(x, d, self.weight, None, self.eps, True))
 
 
 TRITON_NORMS = {"layernorm": TritonLayerNorm, "rmsnorm": TritonRMSNorm}

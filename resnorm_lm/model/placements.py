@@ -1,41 +1,30 @@
-"""The residual / normalization placements, by name: where the norm sits around each sublayer.
+"""The residual / normalization placements, by name: each a transformer block whose ``forward`` is its formula.
 
-A placement is the residual wiring of one transformer block (two sublayers:
-attention, then MLP). It owns its norms and learnable scalars, says how the
-residual stream starts (``embed``) and how it is read out before the LM head
-(``build_readout``), and may define its own weight init (``init_sublayers``):
-``placement_base.py`` holds what every placement offers. ``Block`` and ``GPT``
-never change when a placement is added: write one class here and register it.
-Each class gives its formula, a diagram and the paper it follows (authors,
-year, arXiv id); ``F`` is a sublayer, ``LN`` the configured norm, ``N`` the
-number of blocks.
+A placement is a ``Block`` (``block.py``): attention ``self.attn`` and MLP ``self.mlp``, the norms its formula
+names, its learnable scalars, its residual stream's two ends (``residual_stream``: a final norm or not, an
+embedding norm, a second stream) and its own init rule where its paper has one (``init_depth``). Adding one is
+one class here and one decorator line; ``GPT`` never changes. Each class gives its formula, a diagram and the
+paper it follows (authors, year, arXiv id); ``F`` is a sublayer, ``LN`` the configured norm, ``N`` the number of
+blocks. ``norm.add_norm(x, d)`` is ``(x + d, norm(x + d))`` and ``norm.of_sum(x, d)`` is ``norm(x + d)``: the
+add and the norm in one kernel on the fused backend.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 
+from resnorm_lm.model.block import Block, MakeNorm, NormedStream, ResidualStream, Stream
 from resnorm_lm.model.init import InitRule
-from resnorm_lm.model.norms import Norm
-from resnorm_lm.model.placement_base import (
-    BlockContext,
-    FinalOutputIsNormed,
-    Placement,
-    Stream,
-    Sublayer,
-    SublayerPlacement,
-)
 from resnorm_lm.registry import Registry
 
-PLACEMENTS: Registry[type[Placement]] = Registry("placement")
+PLACEMENTS: Registry[type[Block]] = Registry("placement")
 
 
 @PLACEMENTS.register("postnorm")
-class PostNorm(FinalOutputIsNormed, SublayerPlacement):
+class PostNorm(NormedStream, Block):
     """Post-LN, the original "Add & Norm" (Vaswani et al. 2017, arXiv 1706.03762)::
 
         x = LN(x + F(x))
@@ -46,16 +35,17 @@ class PostNorm(FinalOutputIsNormed, SublayerPlacement):
     No final norm: the stream is already normalized. Needs LR warmup (Xiong et al. 2020, arXiv 2002.04745).
     """
 
-    def __init__(self, ctx: BlockContext) -> None:
-        super().__init__(ctx)
-        self.norms = nn.ModuleList([ctx.make_norm(), ctx.make_norm()])
+    def __init__(self, cfg, layer: int, make_norm: MakeNorm) -> None:
+        super().__init__(cfg, layer, make_norm)
+        self.attn_norm, self.mlp_norm = make_norm(), make_norm()
 
-    def step(self, x: torch.Tensor, f: Sublayer, i: int) -> torch.Tensor:
-        return self.norms[i].add_norm(x, f(x)).normed
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.attn_norm.of_sum(x, self.attn(x))  # x = LN(x + Attn(x))
+        return self.mlp_norm.of_sum(x, self.mlp(x))  # x = LN(x + MLP(x))
 
 
 @PLACEMENTS.register("prenorm")
-class PreNorm(Placement):
+class PreNorm(Block):
     """Pre-LN, as in GPT-2 (Radford et al. 2019; analysed by Xiong et al. 2020, arXiv 2002.04745)::
 
         x = x + F(LN(x))
@@ -68,19 +58,17 @@ class PreNorm(Placement):
 
     names_norm_roles = True
 
-    def __init__(self, ctx: BlockContext) -> None:
-        super().__init__(ctx)
-        self.norms = nn.ModuleList([ctx.make_norm(role="attention"), ctx.make_norm(role="mlp")])
+    def __init__(self, cfg, layer: int, make_norm: MakeNorm) -> None:
+        super().__init__(cfg, layer, make_norm)
+        self.attn_norm, self.mlp_norm = make_norm(role="attention"), make_norm(role="mlp")
 
-    def forward(self, x: torch.Tensor, sublayers: Sequence[Sublayer]) -> torch.Tensor:
-        attn, mlp = sublayers
-        a = attn(self.norms[0](x))
-        x, h = self.norms[1].add_norm(x, a)  # x = x + a;  h = LN_1(x): one fused pass on the triton backend
-        return x + mlp(h)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x, h = self.mlp_norm.add_norm(x, self.attn(self.attn_norm(x)))  # x = x + Attn(LN(x));  h = LN(x)
+        return x + self.mlp(h)  # x = x + MLP(h)
 
 
 @PLACEMENTS.register("sandwich")
-class Sandwich(Placement):
+class Sandwich(Block):
     """Sandwich (CogView: Ding et al. 2021, arXiv 2105.13290), or Peri-LN (Kim et al. 2025, arXiv 2502.02732)::
 
         x = x + LN_out(F(LN_in(x)))
@@ -91,16 +79,15 @@ class Sandwich(Placement):
     A final LN before the LM head.
     """
 
-    def __init__(self, ctx: BlockContext) -> None:
-        super().__init__(ctx)
-        self.norms_in = nn.ModuleList([ctx.make_norm(), ctx.make_norm()])
-        self.norms_out = nn.ModuleList([ctx.make_norm(), ctx.make_norm()])
+    def __init__(self, cfg, layer: int, make_norm: MakeNorm) -> None:
+        super().__init__(cfg, layer, make_norm)
+        self.attn_in_norm, self.mlp_in_norm = make_norm(), make_norm()
+        self.attn_out_norm, self.mlp_out_norm = make_norm(), make_norm()
 
-    def forward(self, x: torch.Tensor, sublayers: Sequence[Sublayer]) -> torch.Tensor:
-        attn, mlp = sublayers
-        a = self.norms_out[0](attn(self.norms_in[0](x)))
-        x, h = self.norms_in[1].add_norm(x, a)  # x = x + a;  h = LN_in(x), fused
-        return x + self.norms_out[1](mlp(h))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.attn_out_norm(self.attn(self.attn_in_norm(x)))  # LN_out(Attn(LN_in(x)))
+        x, h = self.mlp_in_norm.add_norm(x, a)  # x = x + a;  h = LN_in(x)
+        return x + self.mlp_out_norm(self.mlp(h))  # x = x + LN_out(MLP(h))
 
 
 @PLACEMENTS.register("peri_ln")
@@ -116,12 +103,13 @@ class PeriLN(Sandwich):
     """
 
     @classmethod
-    def build_embedding_norm(cls, make_norm: Callable[[], Norm]) -> nn.Module:
-        return make_norm()
+    def residual_stream(cls, cfg, make_norm: MakeNorm) -> ResidualStream:
+        blocks = cls.blocks(cfg, make_norm)
+        return ResidualStream(cfg, blocks, final_norm=make_norm(role="final"), embed_norm=make_norm())
 
 
 @PLACEMENTS.register("deepnorm")
-class DeepNorm(FinalOutputIsNormed, SublayerPlacement):
+class DeepNorm(NormedStream, Block):
     """DeepNorm (DeepNet: Wang et al. 2022, arXiv 2203.00555), decoder-only constants::
 
         x = LN(alpha * x + F(x)),   alpha = (2N)^(1/4)
@@ -129,17 +117,16 @@ class DeepNorm(FinalOutputIsNormed, SublayerPlacement):
         x ──┬──> F ─────────(+)──> LN ──>
             └──> * alpha ────┘
 
-    Init: the MLP, attention value and attention output weights and biases are
-    multiplied by beta = (8N)^(-1/4) (a divisor of whatever the init set, as
-    torchscale divides its Xavier init; not a gain on the output), in place of
-    the init's depth rule. Alpha scales the residual, not F. No final norm.
+    Init: the MLP, attention value and attention output weights and biases are multiplied by beta = (8N)^(-1/4)
+    (a divisor of whatever the init set, as torchscale divides its Xavier init; not a gain on the output), in
+    place of the init's depth rule. Alpha scales the residual, not F. No final norm.
     """
 
-    def __init__(self, ctx: BlockContext) -> None:
-        super().__init__(ctx)
-        self.norms = nn.ModuleList([ctx.make_norm(), ctx.make_norm()])
-        self.alpha = self.residual_scale(ctx.n_layer)
-        self.beta = self.init_scale(ctx.n_layer)
+    def __init__(self, cfg, layer: int, make_norm: MakeNorm) -> None:
+        super().__init__(cfg, layer, make_norm)
+        self.attn_norm, self.mlp_norm = make_norm(), make_norm()
+        self.alpha = self.residual_scale(cfg.n_layer)
+        self.beta = self.init_scale(cfg.n_layer)
 
     @staticmethod
     def residual_scale(n_layer: int) -> float:
@@ -149,22 +136,17 @@ class DeepNorm(FinalOutputIsNormed, SublayerPlacement):
     def init_scale(n_layer: int) -> float:
         return (8 * n_layer) ** -0.25
 
-    def step(self, x: torch.Tensor, f: Sublayer, i: int) -> torch.Tensor:
-        return self.norms[i].add_norm(self.alpha * x, f(x)).normed
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.attn_norm.of_sum(self.alpha * x, self.attn(x))  # x = LN(alpha x + Attn(x))
+        return self.mlp_norm.of_sum(self.alpha * x, self.mlp(x))  # x = LN(alpha x + MLP(x))
 
-    def init_sublayers(self, attn: nn.Module, mlp: nn.Module, init: InitRule) -> None:
-        with torch.no_grad():
-            attn.value_weight().mul_(self.beta)  # (C, C) slice of the fused qkv weight
-            if attn.c_attn.bias is not None:
-                attn.c_attn.bias[2 * attn.n_embd :].mul_(self.beta)  # v's bias
-            for linear in (attn.c_proj, mlp.c_fc, mlp.c_proj):
-                linear.weight.mul_(self.beta)
-                if linear.bias is not None:
-                    linear.bias.mul_(self.beta)
+    def init_depth(self, init: InitRule) -> None:
+        self.attn.scale_values_and_output(self.beta)
+        self.mlp.scale_weights(self.beta)
 
 
 @PLACEMENTS.register("rezero")
-class ReZero(SublayerPlacement):
+class ReZero(Block):
     """ReZero (Bachlechner et al. 2020, arXiv 2003.04887): no norm at all, a zero-initialised gate per sublayer::
 
         x = x + a * F(x),   a = 0 at init
@@ -177,18 +159,19 @@ class ReZero(SublayerPlacement):
     """
 
     has_norms = False
-    n_gates = 2  # one scalar a per sublayer
+    n_gates = 2  # a[0] before attention, a[1] before the MLP
 
-    def __init__(self, ctx: BlockContext) -> None:
-        super().__init__(ctx)
-        self.gates = nn.Parameter(torch.zeros(self.n_gates))
+    def __init__(self, cfg, layer: int, make_norm: MakeNorm) -> None:
+        super().__init__(cfg, layer, make_norm)
+        self.alpha = nn.Parameter(torch.zeros(self.n_gates))
 
     @classmethod
-    def build_readout(cls, make_norm: Callable[[], Norm]) -> nn.Module:
-        return nn.Identity()
+    def residual_stream(cls, cfg, make_norm: MakeNorm) -> ResidualStream:
+        return ResidualStream(cfg, cls.blocks(cfg, make_norm))
 
-    def step(self, x: torch.Tensor, f: Sublayer, i: int) -> torch.Tensor:
-        return x + self.gates[i % self.n_gates] * f(x)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.alpha[0] * self.attn(x)  # x = x + a Attn(x)
+        return x + self.alpha[-1] * self.mlp(x)  # x = x + a' MLP(x)
 
 
 @PLACEMENTS.register("rezero_shared")
@@ -202,11 +185,11 @@ class ReZeroShared(ReZero):
             └─────────────────┘
     """
 
-    n_gates = 1  # one scalar a per block
+    n_gates = 1  # a[0] == a[-1]: one scalar a per block
 
 
 @PLACEMENTS.register("mixln")
-class MixLN(Placement):
+class MixLN(Block):
     """Mix-LN (Li et al. 2024, arXiv 2412.13795): post-norm in the first blocks, pre-norm after::
 
         block l < floor(r * N):  x = LN(x + F(x))      (PostNorm)
@@ -214,24 +197,23 @@ class MixLN(Placement):
 
         embed ──> [Post] x floor(rN) ──> [Pre] x (N - floor(rN)) ──> LN ──> head
 
-    r = 0.25 as in the paper; the switch is per block (both sublayers of a
-    block share a placement). A final LN, since the last blocks are pre-norm.
+    r = 0.25 as in the paper; the switch is per block (both sublayers of a block share a placement). A final
+    LN, since the last blocks are pre-norm.
     """
 
     post_fraction = 0.25
 
-    def __init__(self, ctx: BlockContext) -> None:
-        super().__init__(ctx)
-        self.n_post = math.floor(self.post_fraction * ctx.n_layer)
-        inner = PostNorm if ctx.layer < self.n_post else PreNorm
-        self.inner = inner(ctx)
+    def __init__(self, cfg, layer: int, make_norm: MakeNorm) -> None:
+        super().__init__(cfg, layer, make_norm)
+        self.post = layer < math.floor(self.post_fraction * cfg.n_layer)
+        self.attn_norm, self.mlp_norm = make_norm(), make_norm()
 
-    def forward(self, stream: torch.Tensor, sublayers: Sequence[Sublayer]) -> torch.Tensor:
-        return self.inner(stream, sublayers)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return PostNorm.forward(self, x) if self.post else PreNorm.forward(self, x)
 
 
 @PLACEMENTS.register("lns")
-class LayerNormScaling(Placement):
+class LayerNormScaling(Block):
     """LayerNorm Scaling (Sun et al. 2025, arXiv 2502.05795): pre-norm with the norm output scaled by depth::
 
         x = x + F(LN(x) / sqrt(l)),   l = 1-based block index
@@ -242,23 +224,21 @@ class LayerNormScaling(Placement):
     A final LN. The GPT-2 depth-scaled init is dropped, as the paper says.
     """
 
-    def __init__(self, ctx: BlockContext) -> None:
-        super().__init__(ctx)
-        self.norms = nn.ModuleList([ctx.make_norm(), ctx.make_norm()])
-        self.scale = 1.0 / math.sqrt(ctx.layer + 1)
+    def __init__(self, cfg, layer: int, make_norm: MakeNorm) -> None:
+        super().__init__(cfg, layer, make_norm)
+        self.attn_norm, self.mlp_norm = make_norm(), make_norm()
+        self.scale = 1.0 / math.sqrt(layer + 1)
 
-    def forward(self, x: torch.Tensor, sublayers: Sequence[Sublayer]) -> torch.Tensor:
-        attn, mlp = sublayers
-        a = attn(self.norms[0](x) * self.scale)
-        x, h = self.norms[1].add_norm(x, a)  # x = x + a;  h = LN_1(x), fused
-        return x + mlp(h * self.scale)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x, h = self.mlp_norm.add_norm(x, self.attn(self.attn_norm(x) * self.scale))  # x = x + Attn(LN(x)/sqrt(l))
+        return x + self.mlp(h * self.scale)  # x = x + MLP(LN(x)/sqrt(l))
 
-    def init_sublayers(self, attn: nn.Module, mlp: nn.Module, init: InitRule) -> None:
+    def init_depth(self, init: InitRule) -> None:
         pass  # no depth scaling of the init (with gpt2: plain std 0.02 everywhere)
 
 
 @PLACEMENTS.register("b2t")
-class BottomToTop(FinalOutputIsNormed, Placement):
+class BottomToTop(NormedStream, Block):
     """B2T connection (Takase et al. 2022, arXiv 2206.00330): post-norm plus a skip from the block input to the
     last LN::
 
@@ -272,30 +252,39 @@ class BottomToTop(FinalOutputIsNormed, Placement):
     No final norm.
     """
 
-    def __init__(self, ctx: BlockContext) -> None:
-        super().__init__(ctx)
-        self.norms = nn.ModuleList([ctx.make_norm(), ctx.make_norm()])
+    def __init__(self, cfg, layer: int, make_norm: MakeNorm) -> None:
+        super().__init__(cfg, layer, make_norm)
+        self.attn_norm, self.mlp_norm = make_norm(), make_norm()
 
-    def forward(self, x: torch.Tensor, sublayers: Sequence[Sublayer]) -> torch.Tensor:
-        attn, mlp = sublayers
-        h = self.norms[0].add_norm(x, attn(x)).normed  # LN_1(x + Attn(x))
-        return self.norms[1].add_norm(h, mlp(h) + x).normed  # LN_2(h + FFN(h) + x)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.attn_norm.of_sum(x, self.attn(x))  # h = LN_1(x + Attn(x))
+        return self.mlp_norm.of_sum(h, self.mlp(h) + x)  # x' = LN_2(h + FFN(h) + x)
 
 
-class ResiDualReadout(nn.Module):
-    """ResiDual's output: ``x_N + LN(d_N)``."""
+class DualStream(ResidualStream):
+    """ResiDual's stream: (x, d), the post-norm stream and the dual stream; it leaves as ``x_N + LN(d_N)``."""
 
-    def __init__(self, norm: Norm) -> None:
-        super().__init__()
-        self.norm = norm
+    dual_from_embeddings = False  # d_0 = 0 (the paper), or d_0 = the embeddings (its reference code)
 
-    def forward(self, stream: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def enter(self, x: torch.Tensor) -> Stream:
+        x = super().enter(x)
+        return x, (x if self.dual_from_embeddings else torch.zeros_like(x))
+
+    def exit(self, stream: Stream) -> torch.Tensor:
         x, d = stream  # (B, T, C) each
-        return x + self.norm(d)
+        return x + self.final_norm(d)
+
+    @staticmethod
+    def residual(stream: Stream) -> torch.Tensor:
+        return stream[1]  # the un-normed dual stream: x is renormalized after every sublayer
+
+
+class DualStreamFromEmbeddings(DualStream):
+    dual_from_embeddings = True
 
 
 @PLACEMENTS.register("resi_dual")
-class ResiDual(Placement):
+class ResiDual(Block):
     """ResiDual (Xie et al. 2023, arXiv 2304.14802): a post-norm stream x and an un-normed dual stream d::
 
         o  = F(x)
@@ -307,33 +296,26 @@ class ResiDual(Placement):
             └───────┘│
         d ───────────(+)─────────> d'
 
-    The dual stream starts at zero, so it holds only the sum of sublayer
-    outputs; the embeddings reach the output through x.
+    The dual stream starts at zero, so it holds only the sum of sublayer outputs; the embeddings reach the output
+    through x.
     """
 
-    def __init__(self, ctx: BlockContext) -> None:
-        super().__init__(ctx)
-        self.norms = nn.ModuleList([ctx.make_norm(), ctx.make_norm()])
+    stream = DualStream
 
-    @staticmethod
-    def embed(x: torch.Tensor) -> Stream:
-        return x, torch.zeros_like(x)
-
-    @staticmethod
-    def residual(stream: Stream) -> torch.Tensor:
-        return stream[1]  # the un-normed dual stream: x is renormalized after every sublayer
+    def __init__(self, cfg, layer: int, make_norm: MakeNorm) -> None:
+        super().__init__(cfg, layer, make_norm)
+        self.attn_norm, self.mlp_norm = make_norm(), make_norm()
 
     @classmethod
-    def build_readout(cls, make_norm: Callable[[], Norm]) -> nn.Module:
-        return ResiDualReadout(make_norm())
+    def residual_stream(cls, cfg, make_norm: MakeNorm) -> ResidualStream:
+        return cls.stream(cfg, cls.blocks(cfg, make_norm), final_norm=make_norm())
 
-    def forward(self, stream: Stream, sublayers: Sequence[Sublayer]) -> Stream:
+    def forward(self, stream: Stream) -> Stream:
         x, d = stream
-        for norm, f in zip(self.norms, sublayers):
-            o = f(x)  # (B, T, C)
-            x = norm.add_norm(x, o).normed  # LN(x + o)
-            d = d + o
-        return x, d
+        o = self.attn(x)
+        x, d = self.attn_norm.of_sum(x, o), d + o  # x = LN(x + Attn(x));  d = d + Attn(x)
+        o = self.mlp(x)
+        return self.mlp_norm.of_sum(x, o), d + o  # x = LN(x + MLP(x));  d = d + MLP(x)
 
 
 @PLACEMENTS.register("resi_dual_embed")
@@ -347,13 +329,11 @@ class ResiDualFromEmbedding(ResiDual):
               └──> d ──(+ o)── ... ──(+ o)──> LN ────┘
     """
 
-    @staticmethod
-    def embed(x: torch.Tensor) -> Stream:
-        return x, x
+    stream = DualStreamFromEmbeddings
 
 
 @PLACEMENTS.register("noresidual")
-class NoResidual(FinalOutputIsNormed, SublayerPlacement):
+class NoResidual(NormedStream, Block):
     """No skip connection at all::
 
         x = LN(F(x))
@@ -363,9 +343,9 @@ class NoResidual(FinalOutputIsNormed, SublayerPlacement):
     Shows the degradation problem (He et al. 2016, arXiv 1512.03385): expected to train badly at depth.
     """
 
-    def __init__(self, ctx: BlockContext) -> None:
-        super().__init__(ctx)
-        self.norms = nn.ModuleList([ctx.make_norm(), ctx.make_norm()])
+    def __init__(self, cfg, layer: int, make_norm: MakeNorm) -> None:
+        super().__init__(cfg, layer, make_norm)
+        self.attn_norm, self.mlp_norm = make_norm(), make_norm()
 
-    def step(self, x: torch.Tensor, f: Sublayer, i: int) -> torch.Tensor:
-        return self.norms[i](f(x))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp_norm(self.mlp(self.attn_norm(self.attn(x))))  # x = LN(MLP(LN(Attn(x))))

@@ -55,7 +55,7 @@ class StreamRMS:
         self.active = False
         self.values: list[torch.Tensor] = []  # 0-dim fp32, on the device: n_layer per forward pass
         self.n_layer = len(model.blocks)
-        residual = model.placement.residual
+        residual = model.stream.residual
         for block in model.blocks:
             block.register_forward_hook(self._hook(residual))
 

@@ -157,11 +157,13 @@ class _AddNormFunction(torch.autograd.Function):
 
 def add_norm(x: Tensor, d: Tensor, weight: Tensor, bias: Tensor | None, eps: float, is_rms: bool,
              residual_dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:  # fmt: skip
-    """``(norm(x + d), x + d)`` in one fused kernel, forward and backward."""
+    """``(x + d, norm(x + d))``, in the order of the formula (as ``Norm.add_norm``), in one fused kernel, forward
+    and backward."""
     if torch.compiler.is_compiling():  # one opaque graph node with a fake-tensor rule: dynamic shapes work
         y, s, _, _ = add_norm_fwd(x, d, weight, bias, float(eps), is_rms, residual_dtype)
-        return y, s
-    return _AddNormFunction.apply(x, d, weight, bias, float(eps), is_rms, residual_dtype)
+        return s, y
+    y, s = _AddNormFunction.apply(x, d, weight, bias, float(eps), is_rms, residual_dtype)
+    return s, y
 
 
 def norm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float, is_rms: bool) -> Tensor:
