@@ -9,7 +9,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "resnorm_lm"
-MAX_LINES = 400
+# A guide, not a cap to split one concern over files by (a module is one concern, not a share of a line budget):
+# a module this long holds several, and the test names it.
+MAX_LINES = 700
 
 
 def sources(*folders: str) -> dict[str, str]:
@@ -34,7 +36,7 @@ def lines_matching(pattern: str, *folders: str) -> dict[str, list[str]]:
 
 def test_every_module_is_short_and_its_docstring_says_what_it_holds():
     too_long = {p: len(t.splitlines()) for p, t in sources("resnorm_lm").items() if len(t.splitlines()) > MAX_LINES}
-    assert not too_long, f"modules over {MAX_LINES} lines (split them by concern): {too_long}"
+    assert not too_long, f"modules over {MAX_LINES} lines (each holds several concerns: split them): {too_long}"
     silent = [p for p, t in sources("resnorm_lm").items() if not (ast.get_docstring(ast.parse(t)) or "").strip()]
     assert not silent, f"modules without a docstring saying what they hold: {silent}"
 
