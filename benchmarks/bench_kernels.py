@@ -146,18 +146,32 @@ def bench_case(norm, with_d, dtype, n, rows, device, copy_gbs):
         fwd_gpu, method = gpu_time_ms(fn)
         both_gpu, method_bwd = gpu_time_ms(fwd_bwd, grad_to_none=leaves)
         fwd_wall, both_wall = do_bench(fn), do_bench(fwd_bwd, grad_to_none=leaves)
-        phases = (("fwd", fwd_gpu, fwd_wall), ("fwd+bwd", both_gpu, both_wall),
-                  ("bwd", both_gpu - fwd_gpu, both_wall - fwd_wall))  # fmt: skip
+        phases = (
+            ("fwd", fwd_gpu, fwd_wall),
+            ("fwd+bwd", both_gpu, both_wall),
+            ("bwd", both_gpu - fwd_gpu, both_wall - fwd_wall),
+        )
         for phase, gpu_ms, wall_ms in phases:
             nbytes = traffic_bytes(rows, n, x.element_size(), with_d, is_rms, phase != "fwd")
             if phase == "bwd":  # the backward's own bytes: all minus the forward's
                 nbytes -= traffic_bytes(rows, n, x.element_size(), with_d, is_rms, False)
             gbs = nbytes / (gpu_ms * 1e-3) / 1e9
-            rows_out.append(dict(norm=norm, residual=with_d, dtype=str(dtype).replace("torch.", ""), hidden=n,
-                                 rows=rows, impl=impl, phase=phase, gpu_us=round(gpu_ms * 1e3, 1),
-                                 wall_us=round(wall_ms * 1e3, 1), gb_s=round(gbs, 1),
-                                 of_copy=round(gbs / copy_gbs, 3),
-                                 gpu_timing=method if phase == "fwd" else method_bwd))  # fmt: skip
+            rows_out.append(
+                dict(
+                    norm=norm,
+                    residual=with_d,
+                    dtype=str(dtype).replace("torch.", ""),
+                    hidden=n,
+                    rows=rows,
+                    impl=impl,
+                    phase=phase,
+                    gpu_us=round(gpu_ms * 1e3, 1),
+                    wall_us=round(wall_ms * 1e3, 1),
+                    gb_s=round(gbs, 1),
+                    of_copy=round(gbs / copy_gbs, 3),
+                    gpu_timing=method if phase == "fwd" else method_bwd,
+                )
+            )
     return rows_out
 
 
@@ -204,9 +218,15 @@ def host_overhead_us(device, n: int = 768, rows: int = 8, calls: int = 300) -> l
         "triton, compiled": compiled_triton,
         "torch, compiled": compiled_torch,
     }
-    return [{"impl": impl, "phase": phase,
-             "us_per_call": round(us_per_call(fn, dy, phase == "fwd+bwd", calls, torch.cuda.synchronize), 1)}
-            for impl, fn in impls.items() for phase in ("fwd", "fwd+bwd")]  # fmt: skip
+    return [
+        {
+            "impl": impl,
+            "phase": phase,
+            "us_per_call": round(us_per_call(fn, dy, phase == "fwd+bwd", calls, torch.cuda.synchronize), 1),
+        }
+        for impl, fn in impls.items()
+        for phase in ("fwd", "fwd+bwd")
+    ]
 
 
 def python_overhead_without_gpu(calls: int = 2000, repeats: int = 5) -> int:
@@ -227,15 +247,20 @@ def python_overhead_without_gpu(calls: int = 2000, repeats: int = 5) -> int:
         y, s, _, _ = ops.add_norm_fwd(x, d, w, b, 1e-5, False, None)
         return s, y
 
-    paths = {"fast path": lambda: ops.add_norm(x, d, w, b, 1e-5, False), "custom op": fused_op,
-             "torch eager (real compute)": lambda: torch_add_norm(x, d, w, b, 1e-5, False)}  # fmt: skip
+    paths = {
+        "fast path": lambda: ops.add_norm(x, d, w, b, 1e-5, False),
+        "custom op": fused_op,
+        "torch eager (real compute)": lambda: torch_add_norm(x, d, w, b, 1e-5, False),
+    }
     cases = [(name, phase) for name in paths for phase in ("fwd", "fwd+bwd")]
     times: dict[tuple, list[float]] = {case: [] for case in cases}
     for _ in range(repeats):
         for name, phase in cases:
             times[(name, phase)].append(us_per_call(paths[name], dy, phase == "fwd+bwd", calls))
-    print(f"Python host time per call, 8 x 768 fp32, Triton launches stubbed out, {calls} calls x {repeats} rounds "
-          f"({platform.processor() or platform.machine()}, torch {torch.__version__}), us min / median:")  # fmt: skip
+    print(
+        f"Python host time per call, 8 x 768 fp32, Triton launches stubbed out, {calls} calls x {repeats} rounds "
+        f"({platform.processor() or platform.machine()}, torch {torch.__version__}), us min / median:"
+    )
     for (name, phase), us in times.items():
         print(f"  {name:28} {phase:8} {min(us):7.1f} {statistics.median(us):7.1f}")
     return 0
@@ -249,8 +274,10 @@ def interpreter_smoke() -> int:
     s, y = add_norm(x, d, w, b, 1e-5, False)
     _, ref = torch_add_norm(x, d, w, b, 1e-5, False)
     err = (y - ref).abs().max().item()
-    print(f"TRITON_INTERPRET=1: one shape (256 x 768, layernorm + residual) through the interpreter: max |diff| "
-          f"vs torch = {err:.2e}. Interpreter timings say nothing about GPU speed; no table.")  # fmt: skip
+    print(
+        f"TRITON_INTERPRET=1: one shape (256 x 768, layernorm + residual) through the interpreter: max |diff| "
+        f"vs torch = {err:.2e}. Interpreter timings say nothing about GPU speed; no table."
+    )
     return 0 if err < 1e-4 else 1
 
 
@@ -260,15 +287,26 @@ def main() -> int:
     parser.add_argument("--hidden", type=int, nargs="+", default=[768, 1024, 2048, 4096, 8192])
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float16", "float32"])
     parser.add_argument("--norms", nargs="+", choices=["layernorm", "rmsnorm"], default=["layernorm", "rmsnorm"])
-    parser.add_argument("--residual", nargs="+", choices=["yes", "no"], default=["yes", "no"],
-                        help="with the residual add (Add & Norm), without (the norm alone), or both")  # fmt: skip
+    parser.add_argument(
+        "--residual",
+        nargs="+",
+        choices=["yes", "no"],
+        default=["yes", "no"],
+        help="with the residual add (Add & Norm), without (the norm alone), or both",
+    )
     parser.add_argument("--skip-host-time", action="store_true", help="leave out the host time per call")
-    parser.add_argument("--budget-s", type=float, default=None,
-                        help="wall time to keep to: no case is started that would not finish by then")  # fmt: skip
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="wall time to keep to: no case is started that would not finish by then",
+    )
     parser.add_argument("--csv", default=str(ROOT / "benchmarks" / "results" / "kernels.csv"))
-    parser.add_argument("--python-overhead", action="store_true",
-                        help="no GPU needed: host time of the Python around the kernels, "
-                        "launches stubbed out")  # fmt: skip
+    parser.add_argument(
+        "--python-overhead",
+        action="store_true",
+        help="no GPU needed: host time of the Python around the kernels, launches stubbed out",
+    )
     parser.add_argument("--repeats", type=int, default=5, help="rounds of --python-overhead (default: 5)")
     args = parser.parse_args()
     if args.python_overhead:
@@ -276,8 +314,10 @@ def main() -> int:
     if not torch.cuda.is_available():
         if os.environ.get("TRITON_INTERPRET") == "1":
             return interpreter_smoke()
-        print("bench-kernels: skipped: no CUDA GPU on this machine, nothing to measure. "
-              "Run it on a GPU, or with TRITON_INTERPRET=1 for a smoke check.")  # fmt: skip
+        print(
+            "bench-kernels: skipped: no CUDA GPU on this machine, nothing to measure. "
+            "Run it on a GPU, or with TRITON_INTERPRET=1 for a smoke check."
+        )
         return 0
     return table(args)
 
@@ -291,20 +331,33 @@ def table(args) -> int:
     copy_gbs = copy_bandwidth(device)
     import triton
 
-    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}  "
-          f"python {platform.python_version()}")  # fmt: skip
+    print(
+        f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}  "
+        f"python {platform.python_version()}"
+    )
     print(f"device-to-device copy: {copy_gbs:.0f} GB/s (the ceiling for of_copy)")
     impls = ("triton", "torch", "compile")
-    print(f"\n{args.rows} rows. GPU time in us (CUDA-graph replay, no host time) and its fraction of copy bandwidth; "
-          "then the eager wall time of one call (do_bench), where host time shows:")  # fmt: skip
-    print(f"{'norm':9} {'res':3} {'dtype':8} {'hidden':>6} {'phase':7} "
-          + " ".join(f"{impl + ' us':>11} {'(copy)':>6}" for impl in impls)
-          + " " + " ".join(f"{impl + ' wall':>12}" for impl in impls), flush=True)  # fmt: skip
+    print(
+        f"\n{args.rows} rows. GPU time in us (CUDA-graph replay, no host time) and its fraction of copy bandwidth; "
+        "then the eager wall time of one call (do_bench), where host time shows:"
+    )
+    print(
+        f"{'norm':9} {'res':3} {'dtype':8} {'hidden':>6} {'phase':7} "
+        + " ".join(f"{impl + ' us':>11} {'(copy)':>6}" for impl in impls)
+        + " "
+        + " ".join(f"{impl + ' wall':>12}" for impl in impls),
+        flush=True,
+    )
     Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
     # Add & Norm first (the fused kernel's purpose), width by width, both norms at each: a table cut short by
     # its budget still has every norm at the widths it reached
-    cases = [(dtype, norm, residual == "yes", n) for dtype in args.dtypes for residual in args.residual
-             for n in args.hidden for norm in args.norms]  # fmt: skip
+    cases = [
+        (dtype, norm, residual == "yes", n)
+        for dtype in args.dtypes
+        for residual in args.residual
+        for n in args.hidden
+        for norm in args.norms
+    ]
     results, slowest = [], 0.0
     with open(args.csv, "w", newline="") as f:  # written as the cases finish: a run cut short keeps what it has
         writer = None
@@ -317,8 +370,11 @@ def table(args) -> int:
             try:
                 case = bench_case(norm, with_d, getattr(torch, dtype), n, args.rows, device, copy_gbs)
             except Exception as err:  # one case failing (a compile, a launch) leaves the others' rows
-                print(f"{norm:9} {'yes' if with_d else 'no':3} {dtype:8} {n:6d} failed: {type(err).__name__}: "
-                      f"{str(err)[:300]}", flush=True)  # fmt: skip
+                print(
+                    f"{norm:9} {'yes' if with_d else 'no':3} {dtype:8} {n:6d} failed: {type(err).__name__}: "
+                    f"{str(err)[:300]}",
+                    flush=True,
+                )
                 continue
             slowest = max(slowest, time.monotonic() - t0)
             writer = writer or csv.DictWriter(f, fieldnames=list(case[0]))
@@ -331,20 +387,26 @@ def table(args) -> int:
             for phase in ("fwd", "bwd", "fwd+bwd"):
                 cells = " ".join(f"{keyed[phase, i]['gpu_us']:11.1f} {keyed[phase, i]['of_copy']:6.2f}" for i in impls)
                 walls = " ".join(f"{keyed[phase, i]['wall_us']:12.1f}" for i in impls)
-                print(f"{norm:9} {'yes' if with_d else 'no':3} {case[0]['dtype']:8} {n:6d} {phase:7} {cells} {walls}",
-                      flush=True)  # fmt: skip
+                print(
+                    f"{norm:9} {'yes' if with_d else 'no':3} {case[0]['dtype']:8} {n:6d} {phase:7} {cells} {walls}",
+                    flush=True,
+                )
     if not args.skip_host_time and not (args.budget_s and time.monotonic() - started + 60 > args.budget_s):
         overhead = host_overhead_us(device)
         print("\nhost time per call, layernorm + residual, 8 x 768 bf16 (launch-bound), microseconds:")
         for impl in dict.fromkeys(r["impl"] for r in overhead):
-            fwd, both = (next(r["us_per_call"] for r in overhead if (r["impl"], r["phase"]) == (impl, p))
-                         for p in ("fwd", "fwd+bwd"))  # fmt: skip
+            fwd, both = (
+                next(r["us_per_call"] for r in overhead if (r["impl"], r["phase"]) == (impl, p))
+                for p in ("fwd", "fwd+bwd")
+            )
             print(f"  {impl:26} fwd {fwd:7.1f}   fwd+bwd {both:7.1f}")
     elif not args.skip_host_time:
         print("host time per call: left out by the time budget")
     if any(r["gpu_timing"] != "cudagraph" for r in results):
-        print("(some GPU times are the profiler's kernel sums: their CUDA graph could not be captured; gpu_timing "
-              "in the CSV says which)")  # fmt: skip
+        print(
+            "(some GPU times are the profiler's kernel sums: their CUDA graph could not be captured; gpu_timing "
+            "in the CSV says which)"
+        )
     print(f"wrote {args.csv}")
     return 0
 

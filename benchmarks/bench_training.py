@@ -42,8 +42,10 @@ def machine() -> str:
         pass
     import lightning
 
-    return (f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads), "
-            f"lightning {lightning.__version__}, python {platform.python_version()}")  # fmt: skip
+    return (
+        f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads), "
+        f"lightning {lightning.__version__}, python {platform.python_version()}"
+    )
 
 
 # ---------------------------------------------------------------- the two training paths (run as subprocesses)
@@ -93,11 +95,21 @@ def sync(device) -> None:
 # smoke: a tiny model, to check the plumbing (benchmarks/gpu_session.py --dry-run)
 BENCH_PROFILES = {
     "cpu": {"fit": ["--profile", "cpu"], "data": {}, "warmup": 8, "steps": 40, "quick": (4, 12)},
-    "gpu": {"fit": ["--profile", "gpu", "--data.corpus=shakespeare", "--trainer.accumulate_grad_batches=1",
-                    "--trainer.num_sanity_val_steps=0"],
-            "data": {"corpus": "shakespeare"}, "warmup": 15, "steps": 45, "quick": (5, 15)},
+    "gpu": {
+        "fit": [
+            "--profile",
+            "gpu",
+            "--data.corpus=shakespeare",
+            "--trainer.accumulate_grad_batches=1",
+            "--trainer.num_sanity_val_steps=0",
+        ],
+        "data": {"corpus": "shakespeare"},
+        "warmup": 15,
+        "steps": 45,
+        "quick": (5, 15),
+    },
     "smoke": {"fit": ["--profile", "smoke"], "data": {}, "warmup": 2, "steps": 6, "quick": (1, 3)},
-}  # fmt: skip
+}
 
 
 def data_overrides(data_files: list[str] | None) -> tuple[list[str], dict]:
@@ -107,20 +119,31 @@ def data_overrides(data_files: list[str] | None) -> tuple[list[str], dict]:
     return ["--data.corpus=text", f"--data.files=[{','.join(data_files)}]"], {"corpus": "text", "files": data_files}
 
 
-def lightning_child(profile: str, compile_: bool, steps: int, warmup: int, out: str,
-                    data_files: list[str] | None = None) -> None:  # fmt: skip
+def lightning_child(
+    profile: str, compile_: bool, steps: int, warmup: int, out: str, data_files: list[str] | None = None
+) -> None:
     """`resnorm-lm fit` on the profile's prenorm-12l, with every callback a user run has."""
     from resnorm_lm.cli import main
 
     os.environ["RESNORM_LM_BENCH_OUT"] = out
     os.environ["RESNORM_LM_BENCH_WARMUP"] = str(warmup)
     with tempfile.TemporaryDirectory() as root:
-        code = main(["fit", "--recipe", "prenorm-12l", *BENCH_PROFILES[profile]["fit"], *data_overrides(data_files)[0],
-                     f"--run.root={root}",
-                     f"--model.compile={str(compile_).lower()}", f"--trainer.max_steps={steps}",
-                     f"--trainer.val_check_interval={steps * 10}", "--run.sample_tokens=0",
-                     "--trainer.enable_progress_bar=false",
-                     "--trainer.callbacks+=benchmarks.bench_training.StepTimer"])  # fmt: skip
+        code = main(
+            [
+                "fit",
+                "--recipe",
+                "prenorm-12l",
+                *BENCH_PROFILES[profile]["fit"],
+                *data_overrides(data_files)[0],
+                f"--run.root={root}",
+                f"--model.compile={str(compile_).lower()}",
+                f"--trainer.max_steps={steps}",
+                f"--trainer.val_check_interval={steps * 10}",
+                "--run.sample_tokens=0",
+                "--trainer.enable_progress_bar=false",
+                "--trainer.callbacks+=benchmarks.bench_training.StepTimer",
+            ]
+        )
     usage = resource.getrusage(resource.RUSAGE_SELF)
     data = json.loads(Path(out).read_text())
     data["max_rss_mb"] = usage.ru_maxrss / 1024
@@ -138,8 +161,9 @@ def bench_config(profile: str, data_files: list[str] | None = None) -> tuple[dic
     return config, data_cfg, {**config["model"]["arch"], **recipe["model"]["arch"]}
 
 
-def bare_child(profile: str, compile_: bool, steps: int, warmup: int, out: str,
-               data_files: list[str] | None = None) -> None:  # fmt: skip
+def bare_child(
+    profile: str, compile_: bool, steps: int, warmup: int, out: str, data_files: list[str] | None = None
+) -> None:
     """The same model, data, precision, optimizer, schedule and clipping as plainly as possible."""
     import torch
 
@@ -154,8 +178,13 @@ def bare_child(profile: str, compile_: bool, steps: int, warmup: int, out: str,
     set_matmul_precision_for(device.type == "cuda")
     autocast = choose_auto(device.type == "cuda").precision == "bf16-mixed"  # what `precision: auto` picks in fit
     if device.type == "cpu":  # the attention kernel fit measures and uses for this dtype
-        use_for_run("bf16-mixed" if autocast else "32-true", data_cfg["batch_size"], arch["n_head"],
-                    data_cfg["block_size"], arch["n_embd"])  # fmt: skip
+        use_for_run(
+            "bf16-mixed" if autocast else "32-true",
+            data_cfg["batch_size"],
+            arch["n_head"],
+            data_cfg["block_size"],
+            arch["n_embd"],
+        )
     torch.manual_seed(config["seed_everything"])
     dm = TextDataModule(**data_cfg)
     dm.prepare_data()
@@ -184,25 +213,54 @@ def bare_child(profile: str, compile_: bool, steps: int, warmup: int, out: str,
         ends.append(time.perf_counter())
     usage = resource.getrusage(resource.RUSAGE_SELF)
     per_token = model.flops_per_token(data_cfg["block_size"])
-    Path(out).write_text(json.dumps({"starts": starts, "ends": ends, "max_rss_mb": usage.ru_maxrss / 1024,
-                                     "flops_per_token": per_token,
-                                     "precision": "bf16-mixed" if autocast else "32-true"}))  # fmt: skip
+    Path(out).write_text(
+        json.dumps(
+            {
+                "starts": starts,
+                "ends": ends,
+                "max_rss_mb": usage.ru_maxrss / 1024,
+                "flops_per_token": per_token,
+                "precision": "bf16-mixed" if autocast else "32-true",
+            }
+        )
+    )
 
 
 class ChildFailed(Exception):
     """A timed child that exited with an error, or ran out of the time it was given: its row says so."""
 
 
-def run_child(kind: str, profile: str, compile_: bool, steps: int, warmup: int, timeout_s: float | None = None,
-              data_files: list[str] | None = None) -> dict:  # fmt: skip
+def run_child(
+    kind: str,
+    profile: str,
+    compile_: bool,
+    steps: int,
+    warmup: int,
+    timeout_s: float | None = None,
+    data_files: list[str] | None = None,
+) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = f.name
-    cmd = [sys.executable, __file__, "--child", kind, "--profile", profile, f"--child-compile={int(compile_)}",
-           "--steps", str(steps), "--warmup", str(warmup), "--out", out,
-           *(["--data-files", *data_files] if data_files else [])]  # fmt: skip
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        kind,
+        "--profile",
+        profile,
+        f"--child-compile={int(compile_)}",
+        "--steps",
+        str(steps),
+        "--warmup",
+        str(warmup),
+        "--out",
+        out,
+        *(["--data-files", *data_files] if data_files else []),
+    ]
     try:
-        done = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                              timeout=timeout_s)  # fmt: skip
+        done = subprocess.run(
+            cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=timeout_s
+        )
     except subprocess.TimeoutExpired:
         raise ChildFailed(f"bench child {kind} (compile={compile_}) ran past its {timeout_s:.0f} s") from None
     try:
@@ -219,9 +277,13 @@ def steady_rate(data: dict, warmup: int, tokens_per_step: int) -> dict:
     wall = ends[-1] - starts[0]
     compute = sum(e - s for s, e in zip(starts, ends))
     gaps = [s - e for e, s in zip(ends, starts[1:])]
-    return {"tokens_per_s": tokens_per_step * len(starts) / wall, "step_s": wall / len(starts),
-            "gap_fraction": sum(gaps) / wall, "compute_s": compute / len(starts),
-            "max_rss_mb": data.get("max_rss_mb")}  # fmt: skip
+    return {
+        "tokens_per_s": tokens_per_step * len(starts) / wall,
+        "step_s": wall / len(starts),
+        "gap_fraction": sum(gaps) / wall,
+        "compute_s": compute / len(starts),
+        "max_rss_mb": data.get("max_rss_mb"),
+    }
 
 
 # ---------------------------------------------------------------- norms, placements, eval, data
@@ -261,14 +323,23 @@ def bench_norms(widths: list[int], rows: int, repeat: int) -> list[dict]:
                     x = torch.randn(rows, n, requires_grad=True)
                     d = torch.randn(rows, n, requires_grad=True) if mode == "add+norm" else None
                     t = time_it(lambda: fn(x, d, norm), repeat)
-                    out.append({"norm": name, "mode": mode, "impl": "compile" if compiled else "eager", "width": n,
-                                "rows": rows, "fwd_bwd_ms": round(t * 1e3, 3)})  # fmt: skip
+                    out.append(
+                        {
+                            "norm": name,
+                            "mode": mode,
+                            "impl": "compile" if compiled else "eager",
+                            "width": n,
+                            "rows": rows,
+                            "fwd_bwd_ms": round(t * 1e3, 3),
+                        }
+                    )
                 del norm_module
     return out
 
 
-def bench_steps(steps: int, device, variants: list[dict], shape: dict, relative_to: dict,
-                deadline: float | None = None) -> list[dict]:  # fmt: skip
+def bench_steps(
+    steps: int, device, variants: list[dict], shape: dict, relative_to: dict, deadline: float | None = None
+) -> list[dict]:
     """Step time (fwd + bwd + AdamW, precision as `auto` picks) of the profile's 12-block model, for each variant
     (GPTConfig overrides plus ``compile``), timed side by side: one step of each in turn, ``steps`` rounds after
     one untimed round, the median per variant. ``ratio`` is against the variant matching ``relative_to`` in
@@ -284,16 +355,25 @@ def bench_steps(steps: int, device, variants: list[dict], shape: dict, relative_
     torch._dynamo.config.recompile_limit = 64
     autocast = choose_auto(device.type == "cuda").precision == "bf16-mixed"  # as `precision: auto` in fit
     if device.type == "cpu":
-        use_for_run("bf16-mixed" if autocast else "32-true", shape["batch"], shape["heads"], shape["block"],
-                    shape["width"])  # fmt: skip
+        use_for_run(
+            "bf16-mixed" if autocast else "32-true", shape["batch"], shape["heads"], shape["block"], shape["width"]
+        )
     x = torch.randint(0, shape["vocab"], (shape["batch"], shape["block"]), device=device)  # (B, T)
     y = torch.randint(0, shape["vocab"], (shape["batch"], shape["block"]), device=device)  # (B, T)
 
     def make_step(variant: dict):
         torch.manual_seed(0)
         arch = {k: v for k, v in variant.items() if k != "compile"}
-        model = GPT(GPTConfig(vocab_size=shape["vocab"], block_size=shape["block"], n_layer=12,
-                              n_head=shape["heads"], n_embd=shape["width"], **arch)).to(device)  # fmt: skip
+        model = GPT(
+            GPTConfig(
+                vocab_size=shape["vocab"],
+                block_size=shape["block"],
+                n_layer=12,
+                n_head=shape["heads"],
+                n_embd=shape["width"],
+                **arch,
+            )
+        ).to(device)
         if variant["compile"]:
             model.compile()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
@@ -404,8 +484,15 @@ def no_peak_reason() -> str:
     return f"Lightning's table has no dense bf16 peak for {torch.cuda.get_device_name()!r}"
 
 
-def bench_throughput(profile: str, compiles: list[bool], rounds: int, steps: int, warmup: int,
-                     deadline: float | None = None, data_files: list[str] | None = None) -> list[dict]:  # fmt: skip
+def bench_throughput(
+    profile: str,
+    compiles: list[bool],
+    rounds: int,
+    steps: int,
+    warmup: int,
+    deadline: float | None = None,
+    data_files: list[str] | None = None,
+) -> list[dict]:
     """Lightning's `fit` against the bare loop, alternating, each in its own process; medians over rounds.
 
     A child that fails or outlasts ``deadline`` (``time.monotonic()``) is reported and left out; a path with
@@ -437,14 +524,26 @@ def bench_throughput(profile: str, compiles: list[bool], rounds: int, steps: int
                     f"  {kind} (compile={str(compiled).lower()}): {runs[-1]['tokens_per_s']:.0f} tokens/s", flush=True
                 )
         for kind, runs in rates.items():
-            row = {"path": kind, "compile": compiled, "tokens_per_s": None, "step_s": None, "gap_fraction": None,
-                   "mfu": None, "max_rss_mb": None, "runs": len(runs), "error": errors.get(kind)}  # fmt: skip
+            row = {
+                "path": kind,
+                "compile": compiled,
+                "tokens_per_s": None,
+                "step_s": None,
+                "gap_fraction": None,
+                "mfu": None,
+                "max_rss_mb": None,
+                "runs": len(runs),
+                "error": errors.get(kind),
+            }
             if runs:
                 tps = statistics.median(r["tokens_per_s"] for r in runs)
-                row.update(tokens_per_s=round(tps), step_s=round(statistics.median(r["step_s"] for r in runs), 4),
-                           gap_fraction=round(statistics.median(r["gap_fraction"] for r in runs), 4),
-                           mfu=round(tps * per_token / peak, 3) if peak and per_token else None,
-                           max_rss_mb=round(max(r["max_rss_mb"] for r in runs)))  # fmt: skip
+                row.update(
+                    tokens_per_s=round(tps),
+                    step_s=round(statistics.median(r["step_s"] for r in runs), 4),
+                    gap_fraction=round(statistics.median(r["gap_fraction"] for r in runs), 4),
+                    mfu=round(tps * per_token / peak, 3) if peak and per_token else None,
+                    max_rss_mb=round(max(r["max_rss_mb"] for r in runs)),
+                )
             rows.append(row)
     return rows
 
@@ -454,32 +553,48 @@ def cell(value, spec: str, width: int) -> str:
     return f"{value:{width}{spec}}" if value is not None else f"{'n/a':>{width}}"
 
 
-def print_throughput(rows: list[dict], profile: str, rounds: int, steps: int, warmup: int,
-                     mfu_missing: str = "") -> None:  # fmt: skip
-    print(f"training throughput, {profile} profile prenorm-12l ({PROFILE_SHAPES[profile]}), "
-          f"steps {warmup}..{steps} of {rounds} alternating run(s) each, medians:")  # fmt: skip
+def print_throughput(
+    rows: list[dict], profile: str, rounds: int, steps: int, warmup: int, mfu_missing: str = ""
+) -> None:
+    print(
+        f"training throughput, {profile} profile prenorm-12l ({PROFILE_SHAPES[profile]}), "
+        f"steps {warmup}..{steps} of {rounds} alternating run(s) each, medians:"
+    )
     gpu = profile == "gpu"
-    print(f"{'path':10} {'compile':8} {'tokens/s':>9} {'s/step':>8} "
-          + (f"{'MFU':>6}" if gpu else f"{'between steps':>14} {'peak RSS MB':>12}"))  # fmt: skip
+    print(
+        f"{'path':10} {'compile':8} {'tokens/s':>9} {'s/step':>8} "
+        + (f"{'MFU':>6}" if gpu else f"{'between steps':>14} {'peak RSS MB':>12}")
+    )
     for r in rows:
-        tail = (cell(r["mfu"], ".3f", 6) if gpu
-                else f"{cell(r['gap_fraction'], '.2%', 13)} {cell(r['max_rss_mb'], 'd', 12)}")  # fmt: skip
+        tail = (
+            cell(r["mfu"], ".3f", 6)
+            if gpu
+            else f"{cell(r['gap_fraction'], '.2%', 13)} {cell(r['max_rss_mb'], 'd', 12)}"
+        )
         error = f"  ({r['error']})" if r.get("error") else ""
-        print(f"{r['path']:10} {str(r['compile']).lower():8} {cell(r['tokens_per_s'], 'd', 9)} "
-              f"{cell(r['step_s'], '.4f', 8)} {tail}{error}")  # fmt: skip
+        print(
+            f"{r['path']:10} {str(r['compile']).lower():8} {cell(r['tokens_per_s'], 'd', 9)} "
+            f"{cell(r['step_s'], '.4f', 8)} {tail}{error}"
+        )
     for compiled in sorted({r["compile"] for r in rows}):
         pair = {r["path"]: r["tokens_per_s"] for r in rows if r["compile"] == compiled}
         ratio = f"{pair['lightning'] / pair['bare']:.3f}" if pair.get("lightning") and pair.get("bare") else "n/a"
-        print(f"lightning_vs_bare_ratio (compile={str(compiled).lower()})={ratio}"
-              + ("" if ratio != "n/a" else " (a path has no run: see its row)"))  # fmt: skip
+        print(
+            f"lightning_vs_bare_ratio (compile={str(compiled).lower()})={ratio}"
+            + ("" if ratio != "n/a" else " (a path has no run: see its row)")
+        )
     if gpu and any(r["tokens_per_s"] and r["mfu"] is None for r in rows):
         print(f"MFU: left out: {mfu_missing or 'the FLOPs per token are unknown (the bare child did not finish)'}")
     if gpu:
-        print("(MFU: (6N + 12 L C T) FLOPs per token x tokens/s / the GPU's dense bf16 peak; the device is "
-              "synchronized only where the timed window opens and closes)\n")  # fmt: skip
+        print(
+            "(MFU: (6N + 12 L C T) FLOPs per token x tokens/s / the GPU's dense bf16 peak; the device is "
+            "synchronized only where the timed window opens and closes)\n"
+        )
     else:
-        print("('between steps' is the time from one step's end to the next step's start: data loading plus loop "
-              "overhead)\n")  # fmt: skip
+        print(
+            "('between steps' is the time from one step's end to the next step's start: data loading plus loop "
+            "overhead)\n"
+        )
 
 
 PROFILE_SHAPES = {
@@ -507,25 +622,50 @@ def print_step_rows(rows: list[dict], columns: tuple[tuple[str, int], ...]) -> N
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer steps, rounds and widths")
-    parser.add_argument("--profile", choices=["auto", "cpu", "gpu", "smoke"], default="auto",
-                        help="the model and data timed (auto: gpu where CUDA is available; smoke: a tiny "
-                        "model, to check the plumbing)")  # fmt: skip
-    parser.add_argument("--compile", choices=["off", "on", "both"], default=None,
-                        help="torch.compile in the throughput and placement tables "
-                        "(default: off on cpu, both on gpu)")  # fmt: skip
-    parser.add_argument("--placements", nargs="+", default=None, help="placements timed (default: all on cpu, "
-                        "prenorm and postnorm on gpu)")  # fmt: skip
-    parser.add_argument("--only", nargs="+", default=None,
-                        choices=["anatomy", "throughput", "placements", "norm-steps", "eval", "norms"],
-                        help="run only these sections")  # fmt: skip
-    parser.add_argument("--rounds", type=int, default=None,
-                        help="alternating runs of each path (default: 2 on cpu, 1 on gpu or with --quick)")  # fmt: skip
+    parser.add_argument(
+        "--profile",
+        choices=["auto", "cpu", "gpu", "smoke"],
+        default="auto",
+        help="the model and data timed (auto: gpu where CUDA is available; smoke: a tiny model, to check the plumbing)",
+    )
+    parser.add_argument(
+        "--compile",
+        choices=["off", "on", "both"],
+        default=None,
+        help="torch.compile in the throughput and placement tables (default: off on cpu, both on gpu)",
+    )
+    parser.add_argument(
+        "--placements",
+        nargs="+",
+        default=None,
+        help="placements timed (default: all on cpu, prenorm and postnorm on gpu)",
+    )
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        default=None,
+        choices=["anatomy", "throughput", "placements", "norm-steps", "eval", "norms"],
+        help="run only these sections",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="alternating runs of each path (default: 2 on cpu, 1 on gpu or with --quick)",
+    )
     parser.add_argument("--results", type=Path, default=RESULTS, help="where the CSVs go (default: %(default)s)")
-    parser.add_argument("--budget-s", type=float, default=None,
-                        help="wall time to keep to: children past it are stopped and reported, "
-                        "rounds cut short")  # fmt: skip
-    parser.add_argument("--data-files", nargs="+", default=None,
-                        help="local text files (paths or globs) in place of the profile's corpus")  # fmt: skip
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="wall time to keep to: children past it are stopped and reported, rounds cut short",
+    )
+    parser.add_argument(
+        "--data-files",
+        nargs="+",
+        default=None,
+        help="local text files (paths or globs) in place of the profile's corpus",
+    )
     parser.add_argument("--child", choices=["lightning", "bare"], help=argparse.SUPPRESS)
     parser.add_argument("--child-compile", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--steps", type=int, default=0, help=argparse.SUPPRESS)
@@ -570,8 +710,10 @@ def main() -> int:
 
     if "eval" in sections and profile == "cpu":
         extra = bench_eval_and_tokenizer()
-        print(f"evaluation: {extra['eval_tokens_per_s']} tokens/s (batch 32 x 128); "
-              f"tokenization: {extra['tokenize_tokens_per_s']} tokens/s (encode_batch)\n")  # fmt: skip
+        print(
+            f"evaluation: {extra['eval_tokens_per_s']} tokens/s (batch 32 x 128); "
+            f"tokenization: {extra['tokenize_tokens_per_s']} tokens/s (encode_batch)\n"
+        )
 
     if "placements" in sections:
         from resnorm_lm.model.placements import PLACEMENTS
@@ -581,12 +723,21 @@ def main() -> int:
         if profile != "gpu":
             print("step time by placement: the triton backend is timed on a GPU only (no CUDA here)")
         backends = ["torch", "triton"] if profile == "gpu" else ["torch"]
-        variants = [{"placement": p, "norm_backend": b, "compile": c}
-                    for p in names for b in backends for c in compiles]  # fmt: skip
-        placements = bench_steps(3 if args.quick else 5, device, variants, PLACEMENT_SHAPES[profile],
-                                 relative_to={"placement": "prenorm"}, deadline=deadline)  # fmt: skip
-        print(f"step time by placement ({profile}-profile model, precision as `auto` picks, fwd+bwd+AdamW), "
-              "relative to prenorm with the same backend and compile setting:")  # fmt: skip
+        variants = [
+            {"placement": p, "norm_backend": b, "compile": c} for p in names for b in backends for c in compiles
+        ]
+        placements = bench_steps(
+            3 if args.quick else 5,
+            device,
+            variants,
+            PLACEMENT_SHAPES[profile],
+            relative_to={"placement": "prenorm"},
+            deadline=deadline,
+        )
+        print(
+            f"step time by placement ({profile}-profile model, precision as `auto` picks, fwd+bwd+AdamW), "
+            "relative to prenorm with the same backend and compile setting:"
+        )
         print_step_rows(placements, (("placement", 11), ("norm_backend", 7)))
         write_csv(f"placements_{profile}.csv", placements, args.results)
         written.append(f"placements_{profile}.csv")
@@ -596,10 +747,18 @@ def main() -> int:
         pairs = [("prenorm", n) for n in ("layernorm", "rmsnorm", "scalenorm", "dyt", "dyt_llm")]
         pairs += [("postnorm", "layernorm"), ("postnorm", "rmsnorm")]
         variants = [{"placement": p, "norm": n, "compile": c} for p, n in pairs for c in compiles]
-        rows = bench_steps(5 if args.quick else 20, device, variants, PLACEMENT_SHAPES[profile],
-                           relative_to={"norm": "layernorm"}, deadline=deadline)  # fmt: skip
-        print(f"step time by norm ({profile}-profile model, precision as `auto` picks, fwd+bwd+AdamW, timed in "
-              "turn), relative to LayerNorm in the same placement and compile setting:")  # fmt: skip
+        rows = bench_steps(
+            5 if args.quick else 20,
+            device,
+            variants,
+            PLACEMENT_SHAPES[profile],
+            relative_to={"norm": "layernorm"},
+            deadline=deadline,
+        )
+        print(
+            f"step time by norm ({profile}-profile model, precision as `auto` picks, fwd+bwd+AdamW, timed in "
+            "turn), relative to LayerNorm in the same placement and compile setting:"
+        )
         print_step_rows(rows, (("placement", 9), ("norm", 10)))
         write_csv(f"norm_steps_{profile}.csv", rows, args.results)
         written.append(f"norm_steps_{profile}.csv")

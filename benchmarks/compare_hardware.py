@@ -44,15 +44,19 @@ def main() -> int:
             continue
         a, b = val_loss(first / rel), val_loss(second / rel)
         diff = None if a is None or b is None else b - a
-        print(f"{str(rel):48} {'-' if a is None else f'{a:.3f}':>10} {'-' if b is None else f'{b:.3f}':>10} "
-              f"{'-' if diff is None else f'{diff:+.3f}':>8}")  # fmt: skip
+        print(
+            f"{str(rel):48} {'-' if a is None else f'{a:.3f}':>10} {'-' if b is None else f'{b:.3f}':>10} "
+            f"{'-' if diff is None else f'{diff:+.3f}':>8}"
+        )
         if diff is not None and max(a, b) < args.unigram - NOT_LEARNING_NATS:
             learning.append(abs(diff))
     if not learning:
         print("no pair where both runs learn", file=sys.stderr)
         return 1
-    print(f"\n{len(learning)} pairs where both learn: |diff| median {statistics.median(learning):.4f}, "
-          f"largest {max(learning):.4f} nats")  # fmt: skip
+    print(
+        f"\n{len(learning)} pairs where both learn: |diff| median {statistics.median(learning):.4f}, "
+        f"largest {max(learning):.4f} nats"
+    )
     return 0
 
 

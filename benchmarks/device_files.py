@@ -123,15 +123,19 @@ def publish(stages: list[StageFiles], out: Path, max_files: int = MAX_FILES) -> 
             with tarfile.open(out / s.stage / tarball_name(s.stage), "w:gz") as tar:
                 for name, path in members:
                     tar.add(path, arcname=name)
-            notes.append(f"{s.stage}: {', '.join(n for n, _ in members)} packed into {tarball_name(s.stage)} "
-                         f"(more files than the {MAX_FILES} that come back)")  # fmt: skip
+            notes.append(
+                f"{s.stage}: {', '.join(n for n, _ in members)} packed into {tarball_name(s.stage)} "
+                f"(more files than the {MAX_FILES} that come back)"
+            )
     written = sorted((p for s in stages for p in (out / s.stage).iterdir()), key=lambda p: p.stat().st_size)
     total = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     while total > MAX_TOTAL_BYTES and written:
         largest = written.pop()
         total -= largest.stat().st_size
-        notes.append(f"left out: {largest.relative_to(out)} ({largest.stat().st_size / 2**20:.1f} MiB: the "
-                     f"files together are over {MAX_TOTAL_BYTES // 2**20} MiB)")  # fmt: skip
+        notes.append(
+            f"left out: {largest.relative_to(out)} ({largest.stat().st_size / 2**20:.1f} MiB: the "
+            f"files together are over {MAX_TOTAL_BYTES // 2**20} MiB)"
+        )
         largest.unlink()
     for s in stages:
         if (out / s.stage / tarball_name(s.stage)).is_file():

@@ -67,14 +67,31 @@ from resnorm_lm.train.runs import RunDir  # noqa: E402
 
 DEVICE_STAGES = ("quick", "check", "kernels", "training", "placements", "e2e", "profile", "depth")
 # expected seconds of each stage on an H100: an invocation's time is shared among its stages by these
-WEIGHTS = {"quick": 300, "check": 240, "kernels": 480, "training": 300, "placements": 300, "e2e": 240,
-           "profile": 240, "depth": 570}  # fmt: skip
+WEIGHTS = {
+    "quick": 300,
+    "check": 240,
+    "kernels": 480,
+    "training": 300,
+    "placements": 300,
+    "e2e": 240,
+    "profile": 240,
+    "depth": 570,
+}
 KERNEL_WIDTHS = [768, 1024, 2048, 4096, 8192]
-WHEELS = ["datasets==5.2.0", "dill==0.4.1", "multiprocess==0.70.19", "jsonargparse==4.53.0",
-          "docstring_parser==0.18.0", "typeshed_client==2.14.0"]  # fmt: skip
+WHEELS = [
+    "datasets==5.2.0",
+    "dill==0.4.1",
+    "multiprocess==0.70.19",
+    "jsonargparse==4.53.0",
+    "docstring_parser==0.18.0",
+    "typeshed_client==2.14.0",
+]
 DEPTH_PROFILE, DEPTH_PRECISION = "cpu", "32-true"  # the depth sweep: cpu profile, fp32 (as the 12-layer sweep)
-DEPTH_TRAIN_ARGS = ["--trainer.accelerator=gpu", f"--trainer.precision={DEPTH_PRECISION}",
-                    "--trainer.enable_progress_bar=false"]  # fmt: skip
+DEPTH_TRAIN_ARGS = [
+    "--trainer.accelerator=gpu",
+    f"--trainer.precision={DEPTH_PRECISION}",
+    "--trainer.enable_progress_bar=false",
+]
 DEPTH_RESERVE_S = 150  # of a depth round: rendering the tables, the layer contribution and packing the runs
 CONTRIBUTION_TOKENS = 16_384  # compare's --contribution-tokens default (resnorm_lm.analysis.layer_contribution)
 PUBLISH_RESERVE_S = 10  # kept back from the stages: laying out $OUT
@@ -140,9 +157,16 @@ class Session:
     def child(self, argv: list[str], seconds: float, env: dict | None = None, grace_s: float = 20) -> int | None:
         """Run ``argv`` in its own process group, its output to the screen and the stage's log; after
         ``seconds``, SIGTERM to the group, SIGKILL after ``grace_s``. Returns the exit code, None if cut."""
-        proc = subprocess.Popen(argv, cwd=ROOT, env={**self.env, **(env or {})}, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, errors="replace",
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env={**self.env, **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+        )
         reader = threading.Thread(target=lambda: [self.say(line.rstrip("\n")) for line in proc.stdout])
         reader.start()
         cut = False
@@ -163,9 +187,18 @@ class Session:
         reader.join(timeout=10)
         return None if cut else proc.returncode
 
-    def step(self, stage: str, name: str, argv: list[str], seconds: float, needs_cuda: bool = False,
-             env: dict | None = None, grace_s: float = 20, budget_flag: bool = False,
-             note: str = "") -> StepResult:  # fmt: skip
+    def step(
+        self,
+        stage: str,
+        name: str,
+        argv: list[str],
+        seconds: float,
+        needs_cuda: bool = False,
+        env: dict | None = None,
+        grace_s: float = 20,
+        budget_flag: bool = False,
+        note: str = "",
+    ) -> StepResult:
         """One child of a stage, reported as ok (with ``note``), failed, cut or skipped; a failure never stops
         the stage. ``needs_cuda``: without CUDA it reports "skipped: no CUDA" once its CPU path has run."""
         if seconds < MIN_STEP_S:
@@ -201,8 +234,16 @@ class Session:
 
     def bench_training(self, *args: str, results: Path) -> list[str]:
         data = ["--data-files", self.corpus] if self.dry else []
-        return [self.py, "benchmarks/bench_training.py", "--profile", self.bench_profile, *args,
-                "--results", str(results), *data]  # fmt: skip
+        return [
+            self.py,
+            "benchmarks/bench_training.py",
+            "--profile",
+            self.bench_profile,
+            *args,
+            "--results",
+            str(results),
+            *data,
+        ]
 
     def compile_choice(self, wanted: str) -> str:
         """torch.compile as asked on the GPU; off in the dry run (Inductor on a CPU takes minutes, measures
@@ -246,62 +287,168 @@ def wait_for_group(pgid: int, seconds: float) -> None:
 
 def stage_quick(s: Session, d: Path, budget: Budget) -> list[tuple[str, Path]]:
     p = s.bench_profile
-    s.step("quick", "lightning-vs-bare", s.bench_training("--only", "throughput", "--compile", s.compile_choice(
-        "both"), results=d), budget.share(170, 40, 90), budget_flag=True, note=s.dry_note)  # fmt: skip
-    s.step("quick", "kernel-768", [s.py, "benchmarks/bench_kernels.py", "--hidden", "64" if s.dry else "768",
-                                   "--rows", "64" if s.dry else "16384", "--dtypes", "bfloat16", "--norms",
-                                   "layernorm", "--residual", "yes", "--skip-host-time", "--csv",
-                                   str(d / "kernels.csv")], budget.share(40, 90),
-           needs_cuda=True, budget_flag=True)  # fmt: skip
-    s.step("quick", "triton-vs-torch", s.bench_training("--only", "placements", "--compile", s.compile_choice("on"),
-                                                        "--placements", "prenorm", results=d),
-           budget.share(90), needs_cuda=True, budget_flag=True)  # fmt: skip
-    return [(f"training_{p}.csv", d / f"training_{p}.csv"), ("kernels.csv", d / "kernels.csv"),
-            (f"placements_{p}.csv", d / f"placements_{p}.csv"), ("log.txt", d / "log.txt")]  # fmt: skip
+    s.step(
+        "quick",
+        "lightning-vs-bare",
+        s.bench_training("--only", "throughput", "--compile", s.compile_choice("both"), results=d),
+        budget.share(170, 40, 90),
+        budget_flag=True,
+        note=s.dry_note,
+    )
+    s.step(
+        "quick",
+        "kernel-768",
+        [
+            s.py,
+            "benchmarks/bench_kernels.py",
+            "--hidden",
+            "64" if s.dry else "768",
+            "--rows",
+            "64" if s.dry else "16384",
+            "--dtypes",
+            "bfloat16",
+            "--norms",
+            "layernorm",
+            "--residual",
+            "yes",
+            "--skip-host-time",
+            "--csv",
+            str(d / "kernels.csv"),
+        ],
+        budget.share(40, 90),
+        needs_cuda=True,
+        budget_flag=True,
+    )
+    s.step(
+        "quick",
+        "triton-vs-torch",
+        s.bench_training(
+            "--only", "placements", "--compile", s.compile_choice("on"), "--placements", "prenorm", results=d
+        ),
+        budget.share(90),
+        needs_cuda=True,
+        budget_flag=True,
+    )
+    return [
+        (f"training_{p}.csv", d / f"training_{p}.csv"),
+        ("kernels.csv", d / "kernels.csv"),
+        (f"placements_{p}.csv", d / f"placements_{p}.csv"),
+        ("log.txt", d / "log.txt"),
+    ]
 
 
 def stage_check(s: Session, d: Path, budget: Budget) -> list[tuple[str, Path]]:
     junit = d / "junit.xml"
     # the conftest's defaults (the interpreter on, no GPU visible) overridden
-    s.step("check", "gpu-tests", [s.py, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
-                                  "tests/test_triton_gpu.py"], budget.share(1),
-           needs_cuda=True, env={"CUDA_VISIBLE_DEVICES": "0"})  # fmt: skip
+    s.step(
+        "check",
+        "gpu-tests",
+        [s.py, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", "tests/test_triton_gpu.py"],
+        budget.share(1),
+        needs_cuda=True,
+        env={"CUDA_VISIBLE_DEVICES": "0"},
+    )
     return [("log.txt", d / "log.txt"), ("junit.xml", junit)]
 
 
 def stage_kernels(s: Session, d: Path, budget: Budget) -> list[tuple[str, Path]]:
     widths = ["64", "96"] if s.dry else [str(w) for w in s.kernel_widths]
-    s.step("kernels", "table", [s.py, "benchmarks/bench_kernels.py", "--hidden", *widths, "--dtypes", "bfloat16",
-                                *(["--rows", "64"] if s.dry else []), "--csv", str(d / "kernels.csv")],
-           budget.share(1), needs_cuda=True, budget_flag=True)  # fmt: skip
+    s.step(
+        "kernels",
+        "table",
+        [
+            s.py,
+            "benchmarks/bench_kernels.py",
+            "--hidden",
+            *widths,
+            "--dtypes",
+            "bfloat16",
+            *(["--rows", "64"] if s.dry else []),
+            "--csv",
+            str(d / "kernels.csv"),
+        ],
+        budget.share(1),
+        needs_cuda=True,
+        budget_flag=True,
+    )
     return [("kernels.csv", d / "kernels.csv"), ("log.txt", d / "log.txt")]
 
 
 def stage_training(s: Session, d: Path, budget: Budget) -> list[tuple[str, Path]]:
-    s.step("training", "lightning-vs-bare", s.bench_training("--only", "throughput", "--compile", s.compile_choice(
-        "both"), "--rounds", "2", results=d), budget.share(1), budget_flag=True, note=s.dry_note)  # fmt: skip
+    s.step(
+        "training",
+        "lightning-vs-bare",
+        s.bench_training("--only", "throughput", "--compile", s.compile_choice("both"), "--rounds", "2", results=d),
+        budget.share(1),
+        budget_flag=True,
+        note=s.dry_note,
+    )
     return [(f"training_{s.bench_profile}.csv", d / f"training_{s.bench_profile}.csv"), ("log.txt", d / "log.txt")]
 
 
 def stage_placements(s: Session, d: Path, budget: Budget) -> list[tuple[str, Path]]:
-    s.step("placements", "step-times", s.bench_training("--only", "placements", "--compile", s.compile_choice("on"),
-                                                        "--placements", "prenorm", "postnorm", results=d),
-           budget.share(1), needs_cuda=True, budget_flag=True)  # fmt: skip
+    s.step(
+        "placements",
+        "step-times",
+        s.bench_training(
+            "--only",
+            "placements",
+            "--compile",
+            s.compile_choice("on"),
+            "--placements",
+            "prenorm",
+            "postnorm",
+            results=d,
+        ),
+        budget.share(1),
+        needs_cuda=True,
+        budget_flag=True,
+    )
     return [(f"placements_{s.bench_profile}.csv", d / f"placements_{s.bench_profile}.csv"), ("log.txt", d / "log.txt")]
 
 
 def stage_e2e(s: Session, d: Path, budget: Budget) -> list[tuple[str, Path]]:
     # `make train RECIPE=prenorm-12l PROFILE=gpu ARGS="..."` runs exactly this (the Makefile), with .venv's python
     if s.dry:
-        sized = ["--profile", "smoke", "--data.corpus=text", f"--data.files=[{s.corpus}]",
-                 "--model.arch.norm_backend=torch", "--model.compile=false", "--trainer.max_steps=4"]  # fmt: skip
+        sized = [
+            "--profile",
+            "smoke",
+            "--data.corpus=text",
+            f"--data.files=[{s.corpus}]",
+            "--model.arch.norm_backend=torch",
+            "--model.compile=false",
+            "--trainer.max_steps=4",
+        ]
     else:
-        sized = ["--profile", "gpu", "--data.corpus=shakespeare", "--model.arch.norm_backend=triton",
-                 "--model.compile=true", f"--trainer.max_steps={s.e2e_steps}",
-                 f"--trainer.val_check_interval={s.e2e_steps * 4}"]  # fmt: skip
-    s.step("e2e", "make-train", [s.py, "-m", "resnorm_lm", "fit", "--recipe", "prenorm-12l", "--seed_everything", "1",
-                                 *sized, "--trainer.enable_progress_bar=false", f"--run.root={d / 'runs'}"],
-           budget.share(1), needs_cuda=True, grace_s=60)  # fmt: skip
+        sized = [
+            "--profile",
+            "gpu",
+            "--data.corpus=shakespeare",
+            "--model.arch.norm_backend=triton",
+            "--model.compile=true",
+            f"--trainer.max_steps={s.e2e_steps}",
+            f"--trainer.val_check_interval={s.e2e_steps * 4}",
+        ]
+    s.step(
+        "e2e",
+        "make-train",
+        [
+            s.py,
+            "-m",
+            "resnorm_lm",
+            "fit",
+            "--recipe",
+            "prenorm-12l",
+            "--seed_everything",
+            "1",
+            *sized,
+            "--trainer.enable_progress_bar=false",
+            f"--run.root={d / 'runs'}",
+        ],
+        budget.share(1),
+        needs_cuda=True,
+        grace_s=60,
+    )
     run = RunDir(d / "runs" / "prenorm-12l" / f"{s.bench_profile}-seed1")
     files = [run.summary_path, run.metrics_path, d / "log.txt", run.manifest_path, run.config_path]
     return [(path.name, path) for path in files]
@@ -311,46 +458,77 @@ def stage_profile(s: Session, d: Path, budget: Budget) -> list[tuple[str, Path]]
     for backend in ("triton", "torch"):
         # --smoke: a tiny model, the torch backend, on the CPU; and no compile (Inductor on a CPU takes a minute)
         sized = ["--smoke", "--no-compile"] if s.dry else ["--backend", backend]
-        s.step("profile", backend, [s.py, "benchmarks/profile_step.py", *sized, "--out", str(d / backend)],
-               budget.share(1, 1) if backend == "triton" else budget.share(1), needs_cuda=True)  # fmt: skip
-    return [(f"summary-{b}.json", d / b / "summary.json") for b in ("triton", "torch")] + [
-        (f"kernels-{b}.txt", d / b / "kernels.txt") for b in ("triton", "torch")] + [("log.txt", d / "log.txt")] + [
-        (f"trace-{b}.json.gz", d / b / "trace.json.gz") for b in ("triton", "torch")]  # fmt: skip
+        s.step(
+            "profile",
+            backend,
+            [s.py, "benchmarks/profile_step.py", *sized, "--out", str(d / backend)],
+            budget.share(1, 1) if backend == "triton" else budget.share(1),
+            needs_cuda=True,
+        )
+    return (
+        [(f"summary-{b}.json", d / b / "summary.json") for b in ("triton", "torch")]
+        + [(f"kernels-{b}.txt", d / b / "kernels.txt") for b in ("triton", "torch")]
+        + [("log.txt", d / "log.txt")]
+        + [(f"trace-{b}.json.gz", d / b / "trace.json.gz") for b in ("triton", "torch")]
+    )
 
 
 def stage_depth(s: Session, d: Path, budget: Budget) -> list[tuple[str, Path]]:
     args = compare_arguments(s)
     profile = args[args.index("--profile") + 1]
-    tokens = int(args[args.index("--contribution-tokens") + 1]) if "--contribution-tokens" in args else \
-        CONTRIBUTION_TOKENS  # fmt: skip
+    tokens = (
+        int(args[args.index("--contribution-tokens") + 1]) if "--contribution-tokens" in args else CONTRIBUTION_TOKENS
+    )
     s.runs_root.mkdir(parents=True, exist_ok=True)
     seeds = sorted(s.seed_dir.glob("*.tar.gz"))
     added, kept = run_files.unpack_runs(seeds, s.runs_root)
-    s.say(f"=== depth: {added} finished run(s) unpacked from {len(seeds)} tarball(s) in {s.seed_dir} into "
-          f"{s.runs_root}; {kept} already there (kept)")  # fmt: skip
+    s.say(
+        f"=== depth: {added} finished run(s) unpacked from {len(seeds)} tarball(s) in {s.seed_dir} into "
+        f"{s.runs_root}; {kept} already there (kept)"
+    )
     compare = [s.py, "-m", "resnorm_lm", "compare", *args]
     reserve = min(DEPTH_RESERVE_S, 0.4 * budget.left())
     sweep = s.step("depth", "sweep", compare, budget.left() - reserve, grace_s=60)
     if sweep.status != "ok" and run_files.finished_runs(s.runs_root):  # the tables and the picks' layer
         s.step("depth", "render", [*compare, "--no-train"], budget.share(2, 1), grace_s=10)  # contribution
     if tokens > 0:  # compare's --contribution-tokens 0: not measured
-        s.step("depth", "contributions", [s.py, "benchmarks/run_files.py", "contributions", str(s.runs_root),
-                                          "--tokens", str(tokens), "--seconds", str(int(max(0, budget.left() - 30)))],
-               budget.left() - 15, grace_s=10)  # fmt: skip
+        s.step(
+            "depth",
+            "contributions",
+            [
+                s.py,
+                "benchmarks/run_files.py",
+                "contributions",
+                str(s.runs_root),
+                "--tokens",
+                str(tokens),
+                "--seconds",
+                str(int(max(0, budget.left() - 30))),
+            ],
+            budget.left() - 15,
+            grace_s=10,
+        )
     for run_dir in run_files.failed_runs(s.runs_root):
         log = run_files.tail(run_dir / "train.log")
         s.say(f"=== depth: {run_dir} ended in an error; the end of its train.log:\n{log}")
     parts = run_files.pack_runs(s.runs_root, d, "depth-runs")
     n_runs = len(run_files.finished_runs(s.runs_root))
-    s.say(f"=== depth: {n_runs} finished run(s), their small files in {', '.join(p.name for p in parts) or 'nothing'}"
-          " (no checkpoint): put them in .devseed/ for the next round")  # fmt: skip
+    s.say(
+        f"=== depth: {n_runs} finished run(s), their small files in {', '.join(p.name for p in parts) or 'nothing'}"
+        " (no checkpoint): put them in .devseed/ for the next round"
+    )
     results = d / "results" / profile
     if results.is_dir():
         with tarfile.open(d / "results.tar.gz", "w:gz") as tar:
             tar.add(results, arcname="results")
-    return [*[(p.name, p) for p in parts], ("compare.md", results / "compare.md"), ("depth.md", results / "depth.md"),
-            ("layer_contribution.md", results / "layer_contribution.md"), ("log.txt", d / "log.txt"),
-            ("results.tar.gz", d / "results.tar.gz")]  # fmt: skip
+    return [
+        *[(p.name, p) for p in parts],
+        ("compare.md", results / "compare.md"),
+        ("depth.md", results / "depth.md"),
+        ("layer_contribution.md", results / "layer_contribution.md"),
+        ("log.txt", d / "log.txt"),
+        ("results.tar.gz", d / "results.tar.gz"),
+    ]
 
 
 def compare_arguments(s: Session) -> list[str]:
@@ -361,12 +539,25 @@ def compare_arguments(s: Session) -> list[str]:
         value_of_train_args = i > 0 and s.compare_args[i - 1] == "--train-args"
         given += arg.split("=", 1) if arg.startswith("--") and "=" in arg and not value_of_train_args else [arg]
     if not given and not s.dry:
-        raise SystemExit("gpu_session: depth: give compare's arguments after --, e.g. depth -- --recipes "
-                         "prenorm-12l --depths 48 --lrs 5e-4 1e-3 --warmups 0.4 --seeds 1 2 3 "
-                         "(docs/depth.md)")  # fmt: skip
+        raise SystemExit(
+            "gpu_session: depth: give compare's arguments after --, e.g. depth -- --recipes "
+            "prenorm-12l --depths 48 --lrs 5e-4 1e-3 --warmups 0.4 --seeds 1 2 3 "
+            "(docs/depth.md)"
+        )
     if not given:  # the dry run's tiny sweep
-        given = ["--recipes", "prenorm-12l", "--depths", "2", "--lrs", "1e-3", "3e-3", "--warmups", "0.33",
-                 "--seeds", "1"]  # fmt: skip
+        given = [
+            "--recipes",
+            "prenorm-12l",
+            "--depths",
+            "2",
+            "--lrs",
+            "1e-3",
+            "3e-3",
+            "--warmups",
+            "0.33",
+            "--seeds",
+            "1",
+        ]
     for owned in ("--root", "--results"):
         if owned in given:
             raise SystemExit(f"gpu_session: depth sets {owned} itself (the runs root and $OUT): leave it out")
@@ -379,12 +570,28 @@ def compare_arguments(s: Session) -> list[str]:
         del given[i : i + 2]
     defaults = [] if "--profile" in given else ["--profile", "smoke" if s.dry else DEPTH_PROFILE]
     defaults += [] if "--jobs" in given else ["--jobs", "1" if s.dry else "12"]
-    return [*given, *defaults, "--root", str(s.runs_root), "--results", str(s.scratch / "depth" / "results"),
-            "--train-args", " ".join(train)]  # fmt: skip
+    return [
+        *given,
+        *defaults,
+        "--root",
+        str(s.runs_root),
+        "--results",
+        str(s.scratch / "depth" / "results"),
+        "--train-args",
+        " ".join(train),
+    ]
 
 
-STAGES = {"quick": stage_quick, "check": stage_check, "kernels": stage_kernels, "training": stage_training,
-          "placements": stage_placements, "e2e": stage_e2e, "profile": stage_profile, "depth": stage_depth}  # fmt: skip
+STAGES = {
+    "quick": stage_quick,
+    "check": stage_check,
+    "kernels": stage_kernels,
+    "training": stage_training,
+    "placements": stage_placements,
+    "e2e": stage_e2e,
+    "profile": stage_profile,
+    "depth": stage_depth,
+}
 
 
 # ---------------------------------------------------------------------- set-up, publishing, prepare
@@ -401,16 +608,32 @@ def set_up(s: Session) -> None:
     else:
         wheels = sorted((ROOT / ".whl").glob("*.whl"))
         if wheels and not imports(s, "datasets, jsonargparse"):
-            pip = [s.py, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir",
-                   "--upgrade", "--target", "/tmp/site", *map(str, wheels)]  # fmt: skip
+            pip = [
+                s.py,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-index",
+                "--no-deps",
+                "--no-compile",
+                "--no-cache-dir",
+                "--upgrade",
+                "--target",
+                "/tmp/site",
+                *map(str, wheels),
+            ]
             if subprocess.run(pip).returncode != 0:
                 raise SystemExit("gpu_session: installing .whl/ failed")
         path.insert(0, "/tmp/site")
         if (ROOT / ".devcache").is_dir():
             s.env["RESNORM_LM_CACHE"] = str(ROOT / ".devcache")
         else:
-            print("gpu_session: no .devcache/ here: run 'bash benchmarks/gpu_session.sh prepare' on a networked "
-                  "machine and carry it", file=sys.stderr)  # fmt: skip
+            print(
+                "gpu_session: no .devcache/ here: run 'bash benchmarks/gpu_session.sh prepare' on a networked "
+                "machine and carry it",
+                file=sys.stderr,
+            )
     s.env["PYTHONPATH"] = os.pathsep.join(path + ([s.env["PYTHONPATH"]] if s.env.get("PYTHONPATH") else []))
     if not imports(s, "datasets, jsonargparse"):
         raise SystemExit("gpu_session: datasets/jsonargparse are missing: run the prepare stage, carry .whl/")
@@ -420,13 +643,22 @@ def set_up(s: Session) -> None:
     facts = json.loads(probe.stdout.strip().splitlines()[-1])
     s.cuda = facts.pop("cuda")
     smi = shutil.which("nvidia-smi")
-    gpu = subprocess.run([smi, "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip() if smi else ""  # fmt: skip
+    gpu = (
+        subprocess.run(
+            [smi, "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        if smi
+        else ""
+    )
     commit = subprocess.run(["git", "log", "-1", "--format=%h %s"], cwd=ROOT, capture_output=True, text=True)
-    s.header += [f"started {utc_now()}{' (dry run: tiny sizes on the CPU)' if s.dry else ''}",
-                 f"device: {facts.pop('device')}{f' ({gpu})' if gpu else ''}",
-                 "versions: " + ", ".join(f"{k} {v}" for k, v in facts.items()),
-                 f"commit: {commit.stdout.strip() or 'unknown (no git here)'}"]  # fmt: skip
+    s.header += [
+        f"started {utc_now()}{' (dry run: tiny sizes on the CPU)' if s.dry else ''}",
+        f"device: {facts.pop('device')}{f' ({gpu})' if gpu else ''}",
+        "versions: " + ", ".join(f"{k} {v}" for k, v in facts.items()),
+        f"commit: {commit.stdout.strip() or 'unknown (no git here)'}",
+    ]
     for line in s.header:
         print(line, flush=True)
 
@@ -449,9 +681,11 @@ def imports(s: Session, modules: str) -> bool:
 
 def write_corpus(folder: Path, n_files: int = 16, words: int = 600) -> None:
     """The dry run's corpus: pseudo-text in which each word is followed by one of two others (learnable)."""
-    vocab = ("the king queen lord night day love sword crown heart blood fair sweet old young come go speak "
-             "hear see know think make give take stand fall rise sleep wake live my thy his her our this "
-             "that").split()  # fmt: skip
+    vocab = (
+        "the king queen lord night day love sword crown heart blood fair sweet old young come go speak "
+        "hear see know think make give take stand fall rise sleep wake live my thy his her our this "
+        "that"
+    ).split()
     rng = random.Random(0)
     folder.mkdir(parents=True, exist_ok=True)
     for i in range(n_files):
@@ -498,27 +732,64 @@ def prepare(s: Session, where: Path) -> int:
     if s.dry:
         steps.append("wheels and data: skipped in the dry run (they need the network)")
     else:
-        pip = [s.py, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", "3.12",
-               "--implementation", "cp", "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64",
-               "--platform", "manylinux2014_x86_64", "-d", str(where / ".whl"), *WHEELS]  # fmt: skip
+        pip = [
+            s.py,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.12",
+            "--implementation",
+            "cp",
+            "--platform",
+            "manylinux_2_28_x86_64",
+            "--platform",
+            "manylinux_2_17_x86_64",
+            "--platform",
+            "manylinux2014_x86_64",
+            "-d",
+            str(where / ".whl"),
+            *WHEELS,
+        ]
         subprocess.run(pip, check=True)
         for vocab in ("32768", "8192"):  # the gpu profile's, and the cpu profile's (the depth sweep)
-            subprocess.run([s.py, "-m", "resnorm_lm.data", "prepare", "--corpus", "shakespeare", "--vocab-size",
-                            vocab, "--cache-dir", str(where / ".devcache")], check=True, cwd=ROOT)  # fmt: skip
+            subprocess.run(
+                [
+                    s.py,
+                    "-m",
+                    "resnorm_lm.data",
+                    "prepare",
+                    "--corpus",
+                    "shakespeare",
+                    "--vocab-size",
+                    vocab,
+                    "--cache-dir",
+                    str(where / ".devcache"),
+                ],
+                check=True,
+                cwd=ROOT,
+            )
     sources = sorted(ROOT.glob("docs/results/*/run-files*"))
     runs, notes = run_files.seed_runs(sources, DEPTH_PROFILE, DEPTH_PRECISION)
     tarball = where / ".devseed" / "docs-run-files.tar.gz"
     run_files.write_tarball(tarball, runs)
     for note in notes:
         print(f"prepare: {note}")
-    steps.append(f"{len(runs)} finished {DEPTH_PROFILE}-profile {DEPTH_PRECISION} runs of {len(sources)} run-files "
-                 f"folders in {tarball.relative_to(where)} ({tarball.stat().st_size / 2**20:.1f} MiB)")  # fmt: skip
+    steps.append(
+        f"{len(runs)} finished {DEPTH_PROFILE}-profile {DEPTH_PRECISION} runs of {len(sources)} run-files "
+        f"folders in {tarball.relative_to(where)} ({tarball.stat().st_size / 2**20:.1f} MiB)"
+    )
     for folder in (".whl", ".devcache", ".devseed"):
         path = where / folder
         size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
         steps.append(f"{folder}/: {size / 2**20:.1f} MiB")
-    steps.append('never commit them; name them in the device tool\'s carry list: [".whl", ".devcache", ".devseed"] '
-                 "(64 MiB travel in all, the working tree included)")  # fmt: skip
+    steps.append(
+        'never commit them; name them in the device tool\'s carry list: [".whl", ".devcache", ".devseed"] '
+        "(64 MiB travel in all, the working tree included)"
+    )
     print("\n".join(f"prepare: {line}" for line in steps))
     return 0
 
@@ -529,18 +800,24 @@ def prepare(s: Session, where: Path) -> int:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     compare_args = argv[argv.index("--") + 1 :] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
-    parser = argparse.ArgumentParser(prog="gpu_session.sh", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="gpu_session.sh", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("stages", nargs="+", choices=["prepare", *DEVICE_STAGES], metavar="STAGE")
     parser.add_argument("--dry-run", action="store_true", help="every stage's plumbing on this CPU, tiny sizes")
-    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or ROOT / "gpu-out"),
-                        help="where results go (default: $OUT, else ./gpu-out)")  # fmt: skip
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path(os.environ.get("OUT") or ROOT / "gpu-out"),
+        help="where results go (default: $OUT, else ./gpu-out)",
+    )
     parser.add_argument("--scratch", type=Path, default=None, help="work folder (default: /tmp/gpu-session)")
     parser.add_argument("--limit-s", type=float, default=570, help="this invocation's time (default 570 s)")
     parser.add_argument("--stage-limit-s", type=float, default=None, help="at most this for any one stage")
     parser.add_argument("--runs-root", type=Path, default=None, help="the depth sweep's runs (default: .devruns)")
-    parser.add_argument("--seed-dir", type=Path, default=None,
-                        help="tarballs of finished runs to start from (default: .devseed)")  # fmt: skip
+    parser.add_argument(
+        "--seed-dir", type=Path, default=None, help="tarballs of finished runs to start from (default: .devseed)"
+    )
     parser.add_argument("--prepare-dir", type=Path, default=None, help="where prepare writes (default: the root)")
     parser.add_argument("--e2e-steps", type=int, default=100, help="optimizer steps of the e2e run (default 100)")
     parser.add_argument("--kernel-widths", type=int, nargs="+", default=KERNEL_WIDTHS)
@@ -564,9 +841,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    s = Session(out=args.out, scratch=args.scratch, dry=args.dry_run, runs_root=args.runs_root.resolve(),
-                seed_dir=args.seed_dir, e2e_steps=args.e2e_steps, kernel_widths=args.kernel_widths,
-                compare_args=args.compare_args)  # fmt: skip
+    s = Session(
+        out=args.out,
+        scratch=args.scratch,
+        dry=args.dry_run,
+        runs_root=args.runs_root.resolve(),
+        seed_dir=args.seed_dir,
+        e2e_steps=args.e2e_steps,
+        kernel_widths=args.kernel_widths,
+        compare_args=args.compare_args,
+    )
     if args.stages == ["prepare"]:
         return prepare(s, args.prepare_dir)
     if "depth" in args.stages:

@@ -143,8 +143,9 @@ def main() -> int:
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(table)
     mfu = summary["mfu"] if summary["mfu"] is not None else f"left out ({no_peak_reason()})"
-    print(f"step {step_s * 1e3:.1f} ms, {summary['tokens_per_s']} tokens/s, MFU {mfu}; "
-          f"GPU busy {gpu_ms:.1f} ms per step:")  # fmt: skip
+    print(
+        f"step {step_s * 1e3:.1f} ms, {summary['tokens_per_s']} tokens/s, MFU {mfu}; GPU busy {gpu_ms:.1f} ms per step:"
+    )
     for kind, ms in summary["gpu_ms_by_kind"].items():
         print(f"  {kind:24} {ms:9.2f} ms  {ms / gpu_ms if gpu_ms else 0:6.1%}")
     print(f"wrote {out / 'kernels.txt'}, {out / 'summary.json'}, {out / 'trace.json.gz'}")

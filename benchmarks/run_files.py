@@ -50,8 +50,14 @@ def finished_runs(root: Path) -> list[Path]:
 
 def small_files(run_dir: Path) -> list[Path]:
     """A run's files without its checkpoints (and without a checkpoint write's leftover temp files)."""
-    return sorted(p for p in run_dir.rglob("*") if p.is_file() and not SKIPPED_PARTS & set(p.relative_to(
-        run_dir).parts) and not p.name.endswith(".ckpt") and ".tmp-" not in p.name)  # fmt: skip
+    return sorted(
+        p
+        for p in run_dir.rglob("*")
+        if p.is_file()
+        and not SKIPPED_PARTS & set(p.relative_to(run_dir).parts)
+        and not p.name.endswith(".ckpt")
+        and ".tmp-" not in p.name
+    )
 
 
 def trained_precision(run_dir: Path) -> str | None:
@@ -141,8 +147,11 @@ def tail(path: Path, lines: int = 15) -> str:
 
 def failed_runs(root: Path) -> list[Path]:
     """Run directories with a log but neither a finished eval.json nor a checkpoint: they ended in an error."""
-    return sorted(p.parent for p in Path(root).glob("*/*/train.log") if not eval_summary(p.parent).get("finished")
-                  and not RunDir(p.parent).last_checkpoint.is_file())  # fmt: skip
+    return sorted(
+        p.parent
+        for p in Path(root).glob("*/*/train.log")
+        if not eval_summary(p.parent).get("finished") and not RunDir(p.parent).last_checkpoint.is_file()
+    )
 
 
 # ---------------------------------------------------------------- the layer contribution (a child process)
@@ -164,8 +173,9 @@ def contribution_order(root: Path, n_tokens: int) -> list[Path]:
         loss = summary.get("val_loss")
         depth = re.search(r"-d(\d+)-", run_dir.name)
         key = (run_dir.parent.name, int(depth.group(1)) if depth else None)
-        groups.setdefault(key, []).append((loss if isinstance(loss, float) and math.isfinite(loss) else math.inf,
-                                           run_dir))  # fmt: skip
+        groups.setdefault(key, []).append(
+            (loss if isinstance(loss, float) and math.isfinite(loss) else math.inf, run_dir)
+        )
     ranked = [sorted(runs, key=lambda r: r[0]) for _, runs in sorted(groups.items(), key=lambda kv: str(kv[0]))]
     return [runs[i][1] for i in range(max(map(len, ranked), default=0)) for runs in ranked if i < len(runs)]
 
@@ -186,8 +196,9 @@ def measure_contributions(root: Path, n_tokens: int, seconds: float) -> int:
         slowest = max(slowest, time.monotonic() - t0)
         done += 1
     rest = "" if done == len(todo) else " (time is up: the rest are measured in a later round)"
-    print(f"layer contribution: measured {done} of {len(todo)} finished run(s) with a checkpoint and no "
-          f"measurement{rest}")  # fmt: skip
+    print(
+        f"layer contribution: measured {done} of {len(todo)} finished run(s) with a checkpoint and no measurement{rest}"
+    )
     return 0
 
 

@@ -38,13 +38,23 @@ BATCH = 16
 # whose fragment names an enclosing operator, record_function range or autograd node
 KINDS = [
     ("optimizer and clip", ("optimizer.step", "clip_grad", "adamw")),
-    ("cross-entropy", ("linear_cross_entropy", "linearcrossentropy", "log_softmax", "nll_loss",
-                                "cross_entropy", "logsoftmax", "nllloss")),
+    (
+        "cross-entropy",
+        (
+            "linear_cross_entropy",
+            "linearcrossentropy",
+            "log_softmax",
+            "nll_loss",
+            "cross_entropy",
+            "logsoftmax",
+            "nllloss",
+        ),
+    ),
     ("attention", ("scaled_dot_product", "flash_attention", "bmm", "softmax")),
     ("norms", ("layer_norm", "layernorm", "rms_norm", "add_norm")),
     ("casts", ("_to_copy", "tocopybackward", "aten::to")),
     ("matmuls", ("aten::mm", "aten::addmm", "aten::linear", "aten::matmul", "mmbackward", "addmmbackward")),
-]  # fmt: skip
+]
 OTHER = "other (GELU, adds, embedding, fills, ...)"
 
 
@@ -144,10 +154,16 @@ def measure(precision: str, compiled: bool, steps: int, profiled: int, plain: bo
         kind = kind_of(event)
         by_kind[kind] = by_kind.get(kind, 0.0) + event.self_cpu_time_total / 1e3 / profiled  # ms per step
     step_s = statistics.median(times)
-    return {"precision": precision, "compile": compiled, "plain": plain, "step_ms": 1e3 * step_s,
-            "compile_s": max(0.0, first - step_s) if compiled else 0.0,
-            "flops": model.flops_per_token() * BATCH * SHAPE["block_size"], "by_kind": by_kind,
-            "attention": "SDPA's default kernel (the plain path)" if plain else attention}  # fmt: skip
+    return {
+        "precision": precision,
+        "compile": compiled,
+        "plain": plain,
+        "step_ms": 1e3 * step_s,
+        "compile_s": max(0.0, first - step_s) if compiled else 0.0,
+        "flops": model.flops_per_token() * BATCH * SHAPE["block_size"],
+        "by_kind": by_kind,
+        "attention": "SDPA's default kernel (the plain path)" if plain else attention,
+    }
 
 
 def label(r: dict) -> str:
@@ -178,8 +194,10 @@ def run(quick: bool = False, max_steps: int = 500) -> list[dict]:
 
 
 def print_table(rows: list[dict], peaks: dict[str, float], emulated: str | None, max_steps: int) -> None:
-    print(f"\nthe cpu-profile step (prenorm-12l, {BATCH} x {SHAPE['block_size']} tokens, {torch.get_num_threads()} "
-          "threads): self CPU ms per step by kind, share of the profiled step")  # fmt: skip
+    print(
+        f"\nthe cpu-profile step (prenorm-12l, {BATCH} x {SHAPE['block_size']} tokens, {torch.get_num_threads()} "
+        "threads): self CPU ms per step by kind, share of the profiled step"
+    )
     print(f"{'kind':26}" + "".join(f"{label(r):>26}" for r in rows))
     for kind in [k for k, _ in KINDS] + [OTHER]:
         cells = []
@@ -189,10 +207,14 @@ def print_table(rows: list[dict], peaks: dict[str, float], emulated: str | None,
         print(f"{kind[:26]:26}" + "".join(cells))
     print(f"{'step (unprofiled median)':26}" + "".join(f"{r['step_ms']:23.0f} ms" for r in rows))
     print(f"{'model GFLOP/s':26}" + "".join(f"{r['flops'] / r['step_ms'] / 1e6:26.0f}" for r in rows))
-    print(f"{'share of the GEMM peak':26}"
-          + "".join(f"{r['flops'] / r['step_ms'] / 1e6 / peaks[r['precision']]:26.2f}" for r in rows))  # fmt: skip
-    print("GEMM peak (2048^3, same threads): " + ", ".join(
-        f"{'bf16' if p == 'bf16-mixed' else 'fp32'} {g:.0f} GFLOP/s" for p, g in peaks.items()))  # fmt: skip
+    print(
+        f"{'share of the GEMM peak':26}"
+        + "".join(f"{r['flops'] / r['step_ms'] / 1e6 / peaks[r['precision']]:26.2f}" for r in rows)
+    )
+    print(
+        "GEMM peak (2048^3, same threads): "
+        + ", ".join(f"{'bf16' if p == 'bf16-mixed' else 'fp32'} {g:.0f} GFLOP/s" for p, g in peaks.items())
+    )
     if emulated:
         print(f"bf16-mixed not measured: {emulated}")
     for r in rows:
@@ -200,18 +222,23 @@ def print_table(rows: list[dict], peaks: dict[str, float], emulated: str | None,
             print(f"{label(r)}: {r['attention']}")
     for r in rows:
         if r["compile"]:
-            eager = next(e for e in rows if (e["precision"], e["compile"], e["plain"]) == (r["precision"], False,
-                                                                                               False))  # fmt: skip
+            eager = next(
+                e for e in rows if (e["precision"], e["compile"], e["plain"]) == (r["precision"], False, False)
+            )
             saving = eager["step_ms"] - r["step_ms"]
             pays = saving > 0 and saving * max_steps / 1e3 > r["compile_s"]
-            print(f"torch.compile, {label(r)}: {r['compile_s']:.0f} s to compile, {saving:+.0f} ms per step saved: "
-                  f"over {max_steps} steps it {'pays' if pays else 'does not pay'}")  # fmt: skip
+            print(
+                f"torch.compile, {label(r)}: {r['compile_s']:.0f} s to compile, {saving:+.0f} ms per step saved: "
+                f"over {max_steps} steps it {'pays' if pays else 'does not pay'}"
+            )
     plain = next(r for r in rows if r["plain"] and r["precision"] == "32-true")
     fastest = min((r for r in rows if not r["plain"]), key=lambda r: r["step_ms"])
     fp32 = next(r for r in rows if (r["precision"], r["compile"], r["plain"]) == ("32-true", False, False))
     print(f"fp32 eager against fp32 eager plain: {plain['step_ms'] / fp32['step_ms']:.2f}x as fast")
-    print(f"fastest step ({label(fastest)}) against fp32 eager plain: "
-          f"{plain['step_ms'] / fastest['step_ms']:.2f}x as fast (the goal where bf16 is native: 2x)")  # fmt: skip
+    print(
+        f"fastest step ({label(fastest)}) against fp32 eager plain: "
+        f"{plain['step_ms'] / fastest['step_ms']:.2f}x as fast (the goal where bf16 is native: 2x)"
+    )
 
 
 def main() -> int:

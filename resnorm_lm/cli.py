@@ -57,9 +57,11 @@ def quiet_libraries() -> None:
         tips.addFilter(DropLightningTips())
     # Lightning's own _pytree still builds torch's deprecated LeafSpec: a warning for Lightning, not for users
     warnings.filterwarnings(
-        "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning,
+        "ignore",
+        message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+        category=FutureWarning,
         module=r"lightning\.pytorch\.utilities\._pytree",
-    )  # fmt: skip
+    )
 
 
 def command_list() -> str:

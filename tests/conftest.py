@@ -65,8 +65,15 @@ def recipe_run(tmp_path_factory, smoke_corpus):
 
     def run(recipe: str) -> Path:
         if recipe not in runs:
-            done = run_cli_captured(smoke_args(smoke_corpus, f"--run.root={root}", "--trainer.max_steps=2",
-                                               "--trainer.val_check_interval=2", recipe=recipe))  # fmt: skip
+            done = run_cli_captured(
+                smoke_args(
+                    smoke_corpus,
+                    f"--run.root={root}",
+                    "--trainer.max_steps=2",
+                    "--trainer.val_check_interval=2",
+                    recipe=recipe,
+                )
+            )
             assert done.returncode == 0, f"{recipe}: exit {done.returncode}\n{done.stderr[-2000:]}"
             runs[recipe] = root / recipe / "smoke-seed1"
         return runs[recipe]

@@ -65,14 +65,18 @@ def record() -> None:
         ids = tokens()
         with torch.no_grad():
             logits, _ = model(ids)
-        torch.save({"state_dict": model.state_dict(), "ids": ids, "logits": logits},
-                   HERE / "checkpoints" / f"{placement}.pt")  # fmt: skip
+        torch.save(
+            {"state_dict": model.state_dict(), "ids": ids, "logits": logits}, HERE / "checkpoints" / f"{placement}.pt"
+        )
     cpu = torch.device("cpu")
     prints = {r: fingerprint(recipe_arch(r), 4, cpu, "32-true") for r in available_recipes()}
     references = {p["reference"] for p in prints.values()}
     assert len(references) == 1, references  # one machine, one environment: one reference
-    record = {"reference": references.pop(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-              "models": {r: p["model"] for r, p in sorted(prints.items())}}  # fmt: skip
+    record = {
+        "reference": references.pop(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "models": {r: p["model"] for r, p in sorted(prints.items())},
+    }
     (HERE / "fingerprints.json").write_text(json.dumps(record, indent=1) + "\n")
     print(f"recorded {len(PLACEMENTS.names())} checkpoints and {len(prints)} fingerprints in {HERE}")
 

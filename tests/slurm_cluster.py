@@ -84,8 +84,9 @@ class SlurmCluster:
 
 
 def script(action: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(SCRIPT), action], env={**os.environ, **env}, capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
+    return subprocess.run(
+        ["bash", str(SCRIPT), action], env={**os.environ, **env}, capture_output=True, text=True, timeout=600
+    )
 
 
 def why_not_startable(required: bool) -> str | None:

@@ -108,14 +108,16 @@ def smoke_args(corpus_glob: str, *extra: str, recipe: str = "prenorm-12l", cache
     cache = [f"--data.cache_dir={cache_dir}"] if cache_dir is not None else []
     return [
         "fit",
-        "--recipe", recipe,
-        "--profile", "smoke",
+        "--recipe",
+        recipe,
+        "--profile",
+        "smoke",
         "--data.corpus=text",
         f"--data.files=[{corpus_glob}]",
         *cache,
         "--trainer.enable_progress_bar=false",
         *extra,
-    ]  # fmt: skip
+    ]
 
 
 def run_cli(args: list[str]) -> int:
@@ -147,8 +149,14 @@ def default_sigint() -> None:
 def resnorm_lm_process(args: list[str], timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
     """``python -m resnorm_lm <args>`` in a fresh process started in the repository, with this process's
     environment plus ``env``; its output captured."""
-    return subprocess.run([sys.executable, "-m", "resnorm_lm", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "PYTHONPATH": str(REPO), **env})  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "resnorm_lm", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(REPO), **env},
+    )
 
 
 TINY_SWEEP_STEPS = 60  # lr 3e-3 gets well below the unigram loss (4.4 nats) in these; lr 1e-5 stays above it
@@ -158,13 +166,31 @@ def tiny_sweep(tmp_path: Path, corpus: str, *extra: str, train_args: str = "") -
     """``compare`` of prenorm-12l on the smoke profile over lr 1e-5 (stuck at the unigram level) and 3e-3, seeds 1
     and 2, ``TINY_SWEEP_STEPS`` a run, in ``tmp_path``; ``extra`` and ``train_args`` add to its arguments and its
     fits'."""
-    args = ["compare", "--recipes", "prenorm-12l", "--profile", "smoke", "--lrs", "1e-5", "3e-3", "--warmups", "0.33",
-            "--seeds", "1", "2", "--root", str(tmp_path / "runs"), "--results", str(tmp_path / "results"),
-            "--train-args", f"--data.corpus=text --data.files=[{corpus}] --data.cache_dir={tmp_path / 'cache'} "
-            f"--trainer.enable_progress_bar=false --trainer.max_steps={TINY_SWEEP_STEPS} "
-            f"--trainer.val_check_interval={TINY_SWEEP_STEPS} "
-            f"{train_args}",
-            *extra]  # fmt: skip
+    args = [
+        "compare",
+        "--recipes",
+        "prenorm-12l",
+        "--profile",
+        "smoke",
+        "--lrs",
+        "1e-5",
+        "3e-3",
+        "--warmups",
+        "0.33",
+        "--seeds",
+        "1",
+        "2",
+        "--root",
+        str(tmp_path / "runs"),
+        "--results",
+        str(tmp_path / "results"),
+        "--train-args",
+        f"--data.corpus=text --data.files=[{corpus}] --data.cache_dir={tmp_path / 'cache'} "
+        f"--trainer.enable_progress_bar=false --trainer.max_steps={TINY_SWEEP_STEPS} "
+        f"--trainer.val_check_interval={TINY_SWEEP_STEPS} "
+        f"{train_args}",
+        *extra,
+    ]
     return run_cli_captured(args)  # compare here; the fits it starts each in its own process (as the sweep does)
 
 

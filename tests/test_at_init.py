@@ -24,16 +24,30 @@ def test_a_measurement_is_one_backward_pass_of_the_model_at_its_init():
 def test_the_command_writes_a_row_per_block_a_table_and_two_figures(tmp_path):
     out = tmp_path / "out"
     shape = ["--width", "32", "--batch", "2", "--length", "16", "--vocab", "64", "--out", str(out)]
-    argv = ["--placements", "postnorm", "prenorm", "--inits", "gpt2", "xavier", "--depths", "1", "3", "--seeds",
-            "1", "2", *shape]  # fmt: skip
+    argv = [
+        "--placements",
+        "postnorm",
+        "prenorm",
+        "--inits",
+        "gpt2",
+        "xavier",
+        "--depths",
+        "1",
+        "3",
+        "--seeds",
+        "1",
+        "2",
+        *shape,
+    ]
     assert at_init.main(argv) == 0
     rows = list(csv.DictReader((out / "at_init.csv").open()))
     assert len(rows) == 2 * 2 * (1 + 3)
     post = [r for r in rows if r["placement"] == "postnorm"]
     assert all(float(r["stream_rms"]) == pytest.approx(1.0, rel=1e-3) for r in post)  # a LayerNorm's output
     seeds = [at_init.measure("prenorm", "gpt2", 3, seed, **SHAPE)[0][2] for seed in (1, 2)]
-    mine = next(r for r in rows if (r["placement"], r["init"], r["n_layer"], r["block"]) == ("prenorm", "gpt2", "3",
-                                                                                                "2"))  # fmt: skip
+    mine = next(
+        r for r in rows if (r["placement"], r["init"], r["n_layer"], r["block"]) == ("prenorm", "gpt2", "3", "2")
+    )
     assert float(mine["grad_norm"]) == pytest.approx(sum(seeds) / 2, rel=1e-6)  # the mean over the seeds
     table = (out / "at_init.md").read_text()
     assert table.count("\n| ") == 2 * 2 * 2 + 1 and "| postnorm | xavier | 3 |" in table
@@ -51,7 +65,9 @@ def test_bad_arguments_are_refused_with_what_was_wrong(capsys):
 
 
 def test_a_placement_whose_blocks_get_no_gradient_at_init_has_no_ratio():
-    rows = [{"placement": "rezero", "init": "gpt2", "n_layer": 2, "block": b, "grad_norm": 0.0, "stream_rms": 0.02}
-            for b in range(2)]  # fmt: skip
+    rows = [
+        {"placement": "rezero", "init": "gpt2", "n_layer": 2, "block": b, "grad_norm": 0.0, "stream_rms": 0.02}
+        for b in range(2)
+    ]
     (row,) = at_init.summary(rows)  # ReZero's zero gates: its blocks' matrices get no gradient
     assert row["grad last/first"] == "-" and row["RMS last/first"] == "1.00"

@@ -53,7 +53,7 @@ NUMBERS = [
     ("--data.batch_size=100000000", "plus the activations of data.batch_size=100000000"),
     ("--data.num_workers=-1", "data.num_workers must be >= 0"),
     ("--trainer.precision=bogus", "bogus"),
-]  # fmt: skip
+]
 
 
 def assert_clear_refusal(code: int, err: str, said: str) -> None:
@@ -62,8 +62,7 @@ def assert_clear_refusal(code: int, err: str, said: str) -> None:
 
 
 @pytest.mark.parametrize("override, said", NUMBERS, ids=[n for n, _ in NUMBERS])
-def test_every_numeric_option_out_of_range_is_refused_before_any_work(tmp_path, smoke_corpus, capsys, override,
-                                                                      said):  # fmt: skip
+def test_every_numeric_option_out_of_range_is_refused_before_any_work(tmp_path, smoke_corpus, capsys, override, said):
     root, cache = tmp_path / "runs", tmp_path / "cache"
     code = run_cli(smoke_args(smoke_corpus, f"--run.root={root}", override, cache_dir=cache))
     assert_clear_refusal(code, capsys.readouterr().err, said)
@@ -112,7 +111,7 @@ def test_bad_paths_and_text_that_is_not_utf8_are_refused(tmp_path, smoke_corpus,
         (["compare", "--warmups", "-1"], "every warmup must be a fraction of the run in [0, 1), got -1"),
         (["compare", "--warmups", "200"], "got 200 (warmups are fractions of the run"),
     ],
-)  # fmt: skip
+)
 def test_the_other_commands_refuse_bad_paths_and_numbers(tmp_path, capsys, argv, said):
     from resnorm_lm.cli import main
 

@@ -12,8 +12,11 @@ SHAPE = {"vocab": 64, "block": 8, "heads": 2, "width": 16, "batch": 2}
 
 
 def test_each_variant_is_timed_against_its_own_reference():
-    variants = [{"placement": p, "norm": n, "compile": False} for p in ("prenorm", "postnorm") for n in
-                ("layernorm", "dyt_llm" if p == "prenorm" else "rmsnorm")]  # fmt: skip
+    variants = [
+        {"placement": p, "norm": n, "compile": False}
+        for p in ("prenorm", "postnorm")
+        for n in ("layernorm", "dyt_llm" if p == "prenorm" else "rmsnorm")
+    ]
     rows = bench_steps(2, torch.device("cpu"), variants, SHAPE, relative_to={"norm": "layernorm"})
     assert [(r["placement"], r["norm"]) for r in rows] == [(v["placement"], v["norm"]) for v in variants]
     assert all(r["step_s"] > 0 for r in rows)

@@ -35,8 +35,12 @@ class Payload:
 def write_payload_checkpoint(path: Path, marker: Path, legacy: bool = False) -> Path:
     """A file shaped like a resnorm-lm checkpoint, with a payload among its hyperparameters."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    ckpt = {"global_step": 2, "state_dict": {"w": torch.zeros(2)}, "precision": "32-true",
-            "hyper_parameters": {"arch": {"n_layer": 2}, "note": Payload(marker)}}  # fmt: skip
+    ckpt = {
+        "global_step": 2,
+        "state_dict": {"w": torch.zeros(2)},
+        "precision": "32-true",
+        "hyper_parameters": {"arch": {"n_layer": 2}, "note": Payload(marker)},
+    }
     torch.save(ckpt, path, _use_new_zipfile_serialization=not legacy)
     return path
 
@@ -115,16 +119,32 @@ def test_compare_refuses_a_payload_in_a_run_it_must_evaluate(payload, tmp_path, 
     run_dir = tmp_path / "runs" / "prenorm-12l" / "smoke-seed1"
     payload(run_dir / "checkpoints" / "last.ckpt")
     (run_dir / "eval.json").write_text(json.dumps({"finished": True, "step": 2}))  # finished, never evaluated
-    code = main(["compare", "--recipes", "prenorm-12l", "--profile", "smoke", "--no-train",
-                 "--root", str(tmp_path / "runs"), "--results", str(tmp_path / "results")])  # fmt: skip
+    code = main(
+        [
+            "compare",
+            "--recipes",
+            "prenorm-12l",
+            "--profile",
+            "smoke",
+            "--no-train",
+            "--root",
+            str(tmp_path / "runs"),
+            "--results",
+            str(tmp_path / "results"),
+        ]
+    )
     assert code == 2
     assert_refused_without_running(capsys.readouterr().err, payload.marker)
 
 
 def test_no_code_path_loads_a_checkpoint_other_than_through_the_safe_reader():
     """The notebooks and benchmarks load no checkpoint themselves; nothing may bypass read_checkpoint_file."""
-    sources = [*REPO.glob("resnorm_lm/**/*.py"), *REPO.glob("benchmarks/*.py"), *REPO.glob("notebooks/*.ipynb"),
-               *REPO.glob("notebooks/*.py")]  # fmt: skip
+    sources = [
+        *REPO.glob("resnorm_lm/**/*.py"),
+        *REPO.glob("benchmarks/*.py"),
+        *REPO.glob("notebooks/*.ipynb"),
+        *REPO.glob("notebooks/*.py"),
+    ]
     loads = re.compile(r"torch\.load\(|pickle\.loads?\(|load_from_checkpoint")
     offenders = []
     for path in sources:
@@ -144,17 +164,29 @@ VARIANTS = {
     "smoke": [],
     # what a gpu-profile run writes, as far as a CPU can: bf16-mixed, fused AdamW with device verdicts,
     # gradient accumulation, the fused Triton norms (interpreted here)
-    "gpu-like-triton-device-verdicts": ["--trainer.precision=bf16-mixed", "--model.divergence.verdict=device",
-                                        "--trainer.accumulate_grad_batches=2", "--model.arch.norm_backend=triton"],
+    "gpu-like-triton-device-verdicts": [
+        "--trainer.precision=bf16-mixed",
+        "--model.divergence.verdict=device",
+        "--trainer.accumulate_grad_batches=2",
+        "--model.arch.norm_backend=triton",
+    ],
     # the cpu profile's settings (width 128, 4 heads, its schedule and checkpointing), shrunk in depth and data
-    "cpu": ["--model.arch.n_layer=2", "--data.vocab_size=512", "--data.block_size=32", "--data.batch_size=4",
-            "--trainer.val_check_interval=2", "--trainer.limit_val_batches=2", "--run.sample_tokens=0"],
-}  # fmt: skip
+    "cpu": [
+        "--model.arch.n_layer=2",
+        "--data.vocab_size=512",
+        "--data.block_size=32",
+        "--data.batch_size=4",
+        "--trainer.val_check_interval=2",
+        "--trainer.limit_val_batches=2",
+        "--run.sample_tokens=0",
+    ],
+}
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_every_checkpoint_the_project_writes_loads_for_resume_eval_and_generate(tmp_path, smoke_corpus, capsys,
-                                                                                variant):  # fmt: skip
+def test_every_checkpoint_the_project_writes_loads_for_resume_eval_and_generate(
+    tmp_path, smoke_corpus, capsys, variant
+):
     from resnorm_lm.cli import main
 
     profile = "cpu" if variant == "cpu" else "smoke"

@@ -38,8 +38,9 @@ def test_the_record_counts_the_steps_where_the_bound_binds_and_clips_as_torch_do
 
 @pytest.mark.parametrize("clip, fraction", [(1e-4, 1.0), (1e6, 0.0)])
 def test_a_run_records_how_often_its_clip_bound(tmp_path, smoke_corpus, clip, fraction):
-    args = smoke_args(smoke_corpus, f"--run.root={tmp_path / 'runs'}", f"--trainer.gradient_clip_val={clip}",
-                      "--trainer.max_steps=4")  # fmt: skip
+    args = smoke_args(
+        smoke_corpus, f"--run.root={tmp_path / 'runs'}", f"--trainer.gradient_clip_val={clip}", "--trainer.max_steps=4"
+    )
     assert run_cli(args) == 0
     run_dir = tmp_path / "runs/prenorm-12l/smoke-seed1"
     summary = json.loads((run_dir / "eval.json").read_text())["clip"]
@@ -50,7 +51,8 @@ def test_a_run_records_how_often_its_clip_bound(tmp_path, smoke_corpus, clip, fr
 
 
 def test_without_clipping_nothing_is_counted(tmp_path, smoke_corpus):
-    args = smoke_args(smoke_corpus, f"--run.root={tmp_path / 'runs'}", "--trainer.gradient_clip_val=0",
-                      "--trainer.max_steps=2")  # fmt: skip
+    args = smoke_args(
+        smoke_corpus, f"--run.root={tmp_path / 'runs'}", "--trainer.gradient_clip_val=0", "--trainer.max_steps=2"
+    )
     assert run_cli(args) == 0
     assert json.loads((tmp_path / "runs/prenorm-12l/smoke-seed1/eval.json").read_text())["clip"] is None

@@ -130,8 +130,9 @@ def test_the_real_probe_measures_both_backends_and_restores_the_thread_count():
     assert torch.get_num_threads() == threads
 
 
-def test_a_run_says_and_records_its_attention_kernel_and_compile_setting(tmp_path, capsys, monkeypatch, cache,
-                                                                         smoke_corpus, data_cache):  # fmt: skip
+def test_a_run_says_and_records_its_attention_kernel_and_compile_setting(
+    tmp_path, capsys, monkeypatch, cache, smoke_corpus, data_cache
+):
     pretend_measure(monkeypatch, flash_ms=3.0, math_ms=5.0)
     root = tmp_path / "runs"
     args = smoke_args(

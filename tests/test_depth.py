@@ -70,10 +70,21 @@ class DepthTrainer:
             run_dir.mkdir(parents=True, exist_ok=True)
             loss = self.loss(n_layer, spec.setting.lr, spec.seed)
             split = {"loss": loss, "ppl": math.exp(loss), "bpb": loss / math.log(2)}
-            summary = {"finished": True, "step": 5, "params": 1000 * n_layer, "tokens": 640, "wall_s": 1.0,
-                       "clip": {"max_norm": 1.0, "steps": 5, "clipped_steps": 1, "clipped_fraction": 0.2},
-                       "eval": {"step": 5, "validation": split, "test": split, "precision": "32-true",
-                                "trained_precision": "32-true"}}  # fmt: skip
+            summary = {
+                "finished": True,
+                "step": 5,
+                "params": 1000 * n_layer,
+                "tokens": 640,
+                "wall_s": 1.0,
+                "clip": {"max_norm": 1.0, "steps": 5, "clipped_steps": 1, "clipped_fraction": 0.2},
+                "eval": {
+                    "step": 5,
+                    "validation": split,
+                    "test": split,
+                    "precision": "32-true",
+                    "trained_precision": "32-true",
+                },
+            }
             (run_dir / "eval.json").write_text(json.dumps(summary))
             if self.data is not None:
                 self.write_run(run_dir, spec, n_layer)
@@ -88,19 +99,41 @@ class DepthTrainer:
                 norms = {k: scale * (i % n_layer + 1) for i, k in enumerate(layers)}
                 writer.writerow({"step": step, "train/loss": 6.0 - step / 4, **norms})
         placement = yaml.safe_load(recipe_path(spec.recipe).read_text())["model"]["arch"]["placement"]
-        arch = GPTConfig(vocab_size=self.data["vocab_size"], block_size=self.data["block_size"], n_layer=n_layer,
-                         n_head=2, n_embd=32, placement=placement)  # fmt: skip
+        arch = GPTConfig(
+            vocab_size=self.data["vocab_size"],
+            block_size=self.data["block_size"],
+            n_layer=n_layer,
+            n_head=2,
+            n_embd=32,
+            placement=placement,
+        )
         torch.manual_seed(spec.seed)
         model = LanguageModel(arch=arch, optim=OptimConfig())
         (run_dir / "checkpoints").mkdir(exist_ok=True)
-        torch.save({"state_dict": model.state_dict(), "global_step": 5,
-                    "hyper_parameters": {"arch": asdict(arch), "optim": asdict(OptimConfig())},
-                    "datamodule_hyper_parameters": self.data}, run_dir / "checkpoints" / "last.ckpt")  # fmt: skip
+        torch.save(
+            {
+                "state_dict": model.state_dict(),
+                "global_step": 5,
+                "hyper_parameters": {"arch": asdict(arch), "optim": asdict(OptimConfig())},
+                "datamodule_hyper_parameters": self.data,
+            },
+            run_dir / "checkpoints" / "last.ckpt",
+        )
 
 
 def sweep_args(root: Path, **kw) -> SimpleNamespace:
-    args = dict(recipes=["prenorm-12l"], lrs=LRS, warmups=[0.33], grid_seeds=[1], seeds=[1, 2, 3], no_train=False,
-                root=str(root), depths=[2, 4, 12], lrs_at={}, eval_precision="run")  # fmt: skip
+    args = dict(
+        recipes=["prenorm-12l"],
+        lrs=LRS,
+        warmups=[0.33],
+        grid_seeds=[1],
+        seeds=[1, 2, 3],
+        no_train=False,
+        root=str(root),
+        depths=[2, 4, 12],
+        lrs_at={},
+        eval_precision="run",
+    )
     return SimpleNamespace(**{**args, **kw})
 
 
@@ -116,9 +149,13 @@ def test_a_depth_is_a_run_tag_and_an_override_and_the_recipes_own_depth_is_neith
     assert RunSpec("prenorm-12l", Setting(), 2, depth=6).run_dir("runs", "cpu") == Path("runs/prenorm-12l/cpu-d6-seed2")
     # the recipe's own depth is no override: the directories of a sweep without depths (and of make train)
     assert sweep_arms(["prenorm-12l", "deepnorm-24l"], [6, 12, 24], "cpu") == {
-        Arm("prenorm-12l", 6): 6, Arm("prenorm-12l"): 12, Arm("prenorm-12l", 24): 24,
-        Arm("deepnorm-24l", 6): 6, Arm("deepnorm-24l", 12): 12, Arm("deepnorm-24l"): 24,
-    }  # fmt: skip
+        Arm("prenorm-12l", 6): 6,
+        Arm("prenorm-12l"): 12,
+        Arm("prenorm-12l", 24): 24,
+        Arm("deepnorm-24l", 6): 6,
+        Arm("deepnorm-24l", 12): 12,
+        Arm("deepnorm-24l"): 24,
+    }
     assert sweep_arms(["prenorm-12l", "deepnorm-24l"], None, "cpu") == {Arm("prenorm-12l"): 12, Arm("deepnorm-24l"): 24}
     assert RunSpec("prenorm-12l", Setting(1e-3, 0.2), 1).tag == "lr0.001-wf0.2"
     assert (
@@ -172,8 +209,11 @@ def test_an_interrupted_sweep_across_depths_resumes_and_picks_each_depth_on_its_
     assert not {s for s, _ in first.trained} & {s for s, _ in second.trained}  # nothing finished is trained again
     assert first_half_done.run_dir(str(tmp_path), "smoke").name == "smoke-d4-lr0.002-wf0.33-seed1"
     # the selection rule, per depth: each depth's own pick, 3 seeds at it, its own edge flag
-    for depth, arm, edge in ((2, Arm("prenorm-12l", 2), "lowest"), (4, Arm("prenorm-12l", 4), "highest"),
-                             (12, Arm("prenorm-12l"), None)):  # fmt: skip
+    for depth, arm, edge in (
+        (2, Arm("prenorm-12l", 2), "lowest"),
+        (4, Arm("prenorm-12l", 4), "highest"),
+        (12, Arm("prenorm-12l"), None),
+    ):
         sel = selections[arm]
         assert sel.chosen.setting == Setting(BEST_LR[depth], 0.33) and sel.n_layer == depth, depth
         assert sorted(o.spec.seed for o in sel.chosen.outcomes) == [1, 2, 3] and sel.lr_edge == edge
@@ -216,12 +256,14 @@ def test_the_time_estimate_is_measured_per_depth_and_scaled_from_the_nearest_whe
 
 
 def test_depth_arguments_are_checked(capsys):
-    for argv, said in ((["--lrs-at", "48=1e-3"], "is not one of --depths"),
-                       (["--depths", "6", "--lrs-at", "6:1e-3"], "is not DEPTH=LR,LR"),
-                       (["--depths", "6", "--lrs-at", "6=1e-3,-1"], "must be > 0"),
-                       (["--depths", "0"], ">= 1"),
-                       (["--depths", "6", "--train-args=--model.arch.n_layer=3"], "give depths by --depths"),
-                       (["--contribution-tokens", "-1"], ">= 0")):  # fmt: skip
+    for argv, said in (
+        (["--lrs-at", "48=1e-3"], "is not one of --depths"),
+        (["--depths", "6", "--lrs-at", "6:1e-3"], "is not DEPTH=LR,LR"),
+        (["--depths", "6", "--lrs-at", "6=1e-3,-1"], "must be > 0"),
+        (["--depths", "0"], ">= 1"),
+        (["--depths", "6", "--train-args=--model.arch.n_layer=3"], "give depths by --depths"),
+        (["--contribution-tokens", "-1"], ">= 0"),
+    ):
         with pytest.raises(SystemExit) as exit_:
             compare.parse_args(argv)
         assert exit_.value.code == 2 and said in capsys.readouterr().err, argv
@@ -236,8 +278,15 @@ def test_depth_arguments_are_checked(capsys):
 def scripted_compare(tmp_path, monkeypatch):
     """compare.main with its trainer replaced by DepthTrainer writing real (untrained) checkpoints."""
     corpus = write_learnable_corpus(tmp_path / "corpus", n_files=6, words_per_file=150)
-    data = {"corpus": "text", "files": [corpus], "vocab_size": 512, "block_size": 32, "batch_size": 4,
-            "eval_batch_size": 64, "cache_dir": str(tmp_path / "cache")}  # fmt: skip
+    data = {
+        "corpus": "text",
+        "files": [corpus],
+        "vocab_size": 512,
+        "block_size": 32,
+        "batch_size": 4,
+        "eval_batch_size": 64,
+        "cache_dir": str(tmp_path / "cache"),
+    }
     trainers = []
 
     def factory(profile, root, extra, jobs):
@@ -247,9 +296,22 @@ def scripted_compare(tmp_path, monkeypatch):
     monkeypatch.setattr(compare, "SweepTrainer", factory)
 
     def run(*argv: str) -> int:
-        return compare.main(["--profile", "smoke", "--root", str(tmp_path / "runs"), "--results",
-                             str(tmp_path / "results"), "--lrs", "1e-3", "2e-3", "--warmups", "0.33",
-                             *argv])  # fmt: skip
+        return compare.main(
+            [
+                "--profile",
+                "smoke",
+                "--root",
+                str(tmp_path / "runs"),
+                "--results",
+                str(tmp_path / "results"),
+                "--lrs",
+                "1e-3",
+                "2e-3",
+                "--warmups",
+                "0.33",
+                *argv,
+            ]
+        )
 
     return SimpleNamespace(run=run, trainers=trainers, out=tmp_path / "results" / "smoke", runs=tmp_path / "runs")
 
@@ -269,20 +331,35 @@ def nonempty(path: Path, kind: str) -> None:
 
 @pytest.mark.training
 def test_compare_with_depths_writes_every_figure_and_table(scripted_compare, capsys):
-    assert scripted_compare.run("--recipes", "prenorm-12l", "resi_dual-12l", "--depths", "1", "2",
-                                "--seeds", "1", "2") == 0  # fmt: skip
+    assert (
+        scripted_compare.run("--recipes", "prenorm-12l", "resi_dual-12l", "--depths", "1", "2", "--seeds", "1", "2")
+        == 0
+    )
     out = scripted_compare.out
     for name in ("compare.md", "depth.md", "layer_contribution.md"):
         nonempty(out / name, "md")
     for name in ("compare.csv", "grid.csv", "depth.csv"):
         nonempty(out / name, "csv")
-    for name in ("depth_loss.png", "depth_lr.png", "stability_map.png", "depth_grad_norms.png",
-                 "layer_contribution.png", "lr_sensitivity.png", "loss_curves.png", "grad_norms.png",
-                 "depth_stream_rms.png", "stream_rms.png"):  # fmt: skip
+    for name in (
+        "depth_loss.png",
+        "depth_lr.png",
+        "stability_map.png",
+        "depth_grad_norms.png",
+        "layer_contribution.png",
+        "lr_sensitivity.png",
+        "loss_curves.png",
+        "grad_norms.png",
+        "depth_stream_rms.png",
+        "stream_rms.png",
+    ):
         nonempty(out / name, "png")
     table = list(csv.DictReader((out / "compare.csv").open()))
     assert sorted((r["recipe"], r["n_layer"]) for r in table) == [
-        ("prenorm-12l", "1"), ("prenorm-12l", "2"), ("resi_dual-12l", "1"), ("resi_dual-12l", "2")]  # fmt: skip
+        ("prenorm-12l", "1"),
+        ("prenorm-12l", "2"),
+        ("resi_dual-12l", "1"),
+        ("resi_dual-12l", "2"),
+    ]
     assert "| recipe | layers | lr |" in (out / "compare.md").read_text()
     assert "| recipe | depth 1 | depth 2 |" in (out / "depth.md").read_text()
     # the layer contribution: every block of every seed at every pick, measured on the runs' checkpoints
@@ -291,14 +368,22 @@ def test_compare_with_depths_writes_every_figure_and_table(scripted_compare, cap
     assert all(0.0 <= float(r["angular_distance"]) <= 1.0 for r in contribution)
     assert all(math.isfinite(float(r["loss_increase"])) for r in contribution)
     tuned = out / "tuned"
-    assert sorted(p.name for p in tuned.iterdir()) == ["prenorm-1l.yaml", "prenorm-2l.yaml", "resi_dual-1l.yaml",
-                                                       "resi_dual-2l.yaml"]  # fmt: skip
+    assert sorted(p.name for p in tuned.iterdir()) == [
+        "prenorm-1l.yaml",
+        "prenorm-2l.yaml",
+        "resi_dual-1l.yaml",
+        "resi_dual-2l.yaml",
+    ]
     assert "measured as prenorm-12l at 2 blocks" in (tuned / "prenorm-2l.yaml").read_text()
     # checkpoints gone (results from another machine): the cached measurement redraws the same table
     for ckpt in scripted_compare.runs.glob("*/*/checkpoints/last.ckpt"):
         ckpt.unlink()
-    assert scripted_compare.run("--recipes", "prenorm-12l", "resi_dual-12l", "--depths", "1", "2",
-                                "--seeds", "1", "2", "--no-train") == 0  # fmt: skip
+    assert (
+        scripted_compare.run(
+            "--recipes", "prenorm-12l", "resi_dual-12l", "--depths", "1", "2", "--seeds", "1", "2", "--no-train"
+        )
+        == 0
+    )
     assert list(csv.DictReader((out / "layer_contribution.csv").open())) == contribution
     assert not scripted_compare.trainers[-1].trained
 
@@ -323,8 +408,9 @@ def test_without_depths_compare_is_as_before_and_a_depth_sweep_reuses_the_recipe
 
 def tiny(placement: str, n_layer: int = 3, **kw) -> GPT:
     torch.manual_seed(0)
-    return GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=n_layer, n_head=2, n_embd=32, placement=placement,
-                         **kw)).eval()  # fmt: skip
+    return GPT(
+        GPTConfig(vocab_size=64, block_size=16, n_layer=n_layer, n_head=2, n_embd=32, placement=placement, **kw)
+    ).eval()
 
 
 def test_angular_distance_is_in_zero_one_and_zero_for_the_same_direction():
@@ -350,8 +436,10 @@ def test_skipping_a_block_changes_the_loss_by_a_finite_amount_and_leaves_the_mod
     assert all(0.0 < d <= 1.0 for d in result.angular_distance)
     # padding counts for nothing: causal attention makes the padded window's first 10 positions a window of 10
     full, tail = measure(model, x[:5], y[:5]), measure(model, x[5:, :10], y[5:, :10])
-    for got, a, b in ((result.angular_distance, full.angular_distance, tail.angular_distance),
-                      (result.skipped_loss, full.skipped_loss, tail.skipped_loss)):  # fmt: skip
+    for got, a, b in (
+        (result.angular_distance, full.angular_distance, tail.angular_distance),
+        (result.skipped_loss, full.skipped_loss, tail.skipped_loss),
+    ):
         assert got == pytest.approx([(80 * u + 10 * v) / 90 for u, v in zip(a, b)], rel=1e-5)
     assert all("forward" not in block.__dict__ and not block._forward_hooks for block in model.blocks)
     assert torch.equal(model(x)[0], before)  # hooks and skips undone
@@ -393,8 +481,15 @@ def test_skipping_a_block_of_a_trained_model_costs_loss():
 
 def test_a_runs_contribution_is_read_from_its_checkpoint_and_cached(tmp_path):
     corpus = write_learnable_corpus(tmp_path / "corpus", n_files=4, words_per_file=150)
-    data = {"corpus": "text", "files": [corpus], "vocab_size": 300, "block_size": 16, "batch_size": 4,
-            "eval_batch_size": 8, "cache_dir": str(tmp_path / "cache")}  # fmt: skip
+    data = {
+        "corpus": "text",
+        "files": [corpus],
+        "vocab_size": 300,
+        "block_size": 16,
+        "batch_size": 4,
+        "eval_batch_size": 8,
+        "cache_dir": str(tmp_path / "cache"),
+    }
     trainer = DepthTrainer(tmp_path / "runs", lambda *a: 5.0, data)
     spec = RunSpec("lns-12l", Setting(1e-3, 0.33), 1, depth=2)
     trainer.train_all([spec])
@@ -414,8 +509,17 @@ def test_a_real_depth_run_interrupted_then_resumed_through_compare(tmp_path):
 
     def run(train_args: str = "") -> subprocess.CompletedProcess:
         # tiny_sweep adds --lrs 1e-5 3e-3: at one seed, the grid at depth 2 is two runs
-        return tiny_sweep(tmp_path, corpus, "--depths", "2", "--seeds", "1", "--contribution-tokens", "64",
-                           train_args=f"--trainer.max_steps=4 --trainer.val_check_interval=4 {train_args}")  # fmt: skip
+        return tiny_sweep(
+            tmp_path,
+            corpus,
+            "--depths",
+            "2",
+            "--seeds",
+            "1",
+            "--contribution-tokens",
+            "64",
+            train_args=f"--trainer.max_steps=4 --trainer.val_check_interval=4 {train_args}",
+        )
 
     first = run("--run.stop_after_steps=2")
     assert first.returncode == 1 and "compare: grid: 2 runs, 0 finished, 2 to train" in first.stdout, first.stderr

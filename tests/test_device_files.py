@@ -81,8 +81,13 @@ def test_the_stage_using_most_slots_gives_way_and_every_stage_keeps_a_file(tmp_p
 
 
 def test_a_file_over_the_size_limit_is_left_out_with_a_note(tmp_path):
-    big = StageFiles("profile", [("log.txt", write(tmp_path / "log.txt")),
-                                 ("trace.json.gz", write(tmp_path / "trace.json.gz", MAX_FILE_BYTES + 1))])  # fmt: skip
+    big = StageFiles(
+        "profile",
+        [
+            ("log.txt", write(tmp_path / "log.txt")),
+            ("trace.json.gz", write(tmp_path / "trace.json.gz", MAX_FILE_BYTES + 1)),
+        ],
+    )
     notes = publish([big], tmp_path / "out")
     assert notes == ["left out: profile/trace.json.gz (16.0 MiB: over 16 MiB)"]
     assert [p.name for p in (tmp_path / "out" / "profile").iterdir()] == ["log.txt"]

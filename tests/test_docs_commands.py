@@ -317,9 +317,12 @@ def test_every_relative_link_resolves():
 
 def test_no_page_speaks_of_issue_numbers():
     """The docs describe the project as it is; which issue changed what belongs to git history."""
-    found = [f"{page.relative_to(REPO)}:{n}: {line.strip()}" for page in DOCS
-             for n, line in enumerate(page.read_text().splitlines(), 1)
-             if re.search(r"\b[Ii]ssues? #?\d+|(?<![\w/&])#\d{1,3}\b", line)]  # fmt: skip
+    found = [
+        f"{page.relative_to(REPO)}:{n}: {line.strip()}"
+        for page in DOCS
+        for n, line in enumerate(page.read_text().splitlines(), 1)
+        if re.search(r"\b[Ii]ssues? #?\d+|(?<![\w/&])#\d{1,3}\b", line)
+    ]
     assert not found, "\n".join(found)
 
 
@@ -343,10 +346,18 @@ def test_the_checker_catches_what_does_not_exist(tmp_path):
     )
     problems = [p for _, entry, argv in commands(page) for p in check(entry, argv)]
     expected = [
-        "make target 'trian'", "make variable RECIPEE", "unknown recipe 'prenorm-99l'", "no option --trainer.max_stepz",
-        "no option --model.arch.n_layerz", "no subcommand 'evaluate'", "no option --corpuz", "no option --top-k",
-        "no option --run.bogus", "no option --data.batch_sise", "no option --model.divergence.factr",
-    ]  # fmt: skip
+        "make target 'trian'",
+        "make variable RECIPEE",
+        "unknown recipe 'prenorm-99l'",
+        "no option --trainer.max_stepz",
+        "no option --model.arch.n_layerz",
+        "no subcommand 'evaluate'",
+        "no option --corpuz",
+        "no option --top-k",
+        "no option --run.bogus",
+        "no option --data.batch_sise",
+        "no option --model.divergence.factr",
+    ]
     for text in expected:
         assert sum(text in p for p in problems) == 1, (text, problems)
     assert len(problems) == len(expected), problems  # the first, correct command raised nothing

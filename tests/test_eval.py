@@ -25,10 +25,14 @@ def trained(tmp_path_factory, smoke_corpus, recipe_run):
     assert run_cli(smoke_args(smoke_corpus, f"--run.root={tmp / 'other'}", "--data.vocab_size=300")) == 0
     other_corpus = write_corpus(tmp / "corpus2", seed=1)
     assert run_cli(smoke_args(other_corpus, f"--run.root={tmp / 'other_text'}")) == 0
-    return {"tmp": tmp, "corpus": smoke_corpus,
-            "pre": recipe_run("prenorm-12l"), "post": recipe_run("postnorm-12l-triton"),
-            "other_vocab": tmp / "other" / "prenorm-12l" / "smoke-seed1",
-            "other_text": tmp / "other_text" / "prenorm-12l" / "smoke-seed1"}  # fmt: skip
+    return {
+        "tmp": tmp,
+        "corpus": smoke_corpus,
+        "pre": recipe_run("prenorm-12l"),
+        "post": recipe_run("postnorm-12l-triton"),
+        "other_vocab": tmp / "other" / "prenorm-12l" / "smoke-seed1",
+        "other_text": tmp / "other_text" / "prenorm-12l" / "smoke-seed1",
+    }
 
 
 def copied_run(trained, dest: Path, run: str = "pre", files: str | None = None, precision: str | None = None) -> Path:
@@ -96,8 +100,15 @@ def test_runs_on_different_texts_are_ranked_only_within_their_own_text(trained, 
 
 def test_the_table_ranks_by_bpb_within_each_text_and_never_across():
     def row(name, corpus, bpb, tokenizer="t1"):
-        return {"run": name, "corpus": "text", "corpus_fingerprint": corpus, "tokenizer": tokenizer,
-                "validation_bpb": bpb, "validation_ppl": 2**bpb, "validation_word_ppl": 3**bpb}  # fmt: skip
+        return {
+            "run": name,
+            "corpus": "text",
+            "corpus_fingerprint": corpus,
+            "tokenizer": tokenizer,
+            "validation_bpb": bpb,
+            "validation_ppl": 2**bpb,
+            "validation_word_ppl": 3**bpb,
+        }
 
     rows = [row("a-worse", "A", 3.0), row("b", "B", 2.5), row("a-better", "A", 2.0, tokenizer="t2")]
     text = format_tables(rows, "validation")
@@ -146,12 +157,27 @@ def test_compare_trains_missing_resumes_unfinished_and_reuses_finished(tmp_path,
     root, results = tmp_path / "runs", tmp_path / "results"
     train_args = f"--data.corpus=text --data.files=[{smoke_corpus}] --trainer.enable_progress_bar=false"
     # an unfinished run (stopped at step 3 of 6) and two finished ones, in the directories compare gives them
-    assert run_cli(smoke_args(smoke_corpus, f"--run.root={root}", "--run.stop_after_steps=3",
-                              recipe="postnorm-12l")) == 0  # fmt: skip
+    assert (
+        run_cli(smoke_args(smoke_corpus, f"--run.root={root}", "--run.stop_after_steps=3", recipe="postnorm-12l")) == 0
+    )
     for seed in (1, 2):
         assert run_cli(smoke_args(smoke_corpus, f"--run.root={root}", f"--seed_everything={seed}")) == 0
-    args = ["compare", "--recipes", "prenorm-12l", "postnorm-12l", "--profile", "smoke", "--seeds", "1", "2",
-            "--root", str(root), "--results", str(results), f"--train-args={train_args}"]  # fmt: skip
+    args = [
+        "compare",
+        "--recipes",
+        "prenorm-12l",
+        "postnorm-12l",
+        "--profile",
+        "smoke",
+        "--seeds",
+        "1",
+        "2",
+        "--root",
+        str(root),
+        "--results",
+        str(results),
+        f"--train-args={train_args}",
+    ]
     proc = run_cli_captured(args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resuming postnorm-12l (smoke, recipe lr, warmup of the recipe, seed 1)" in proc.stdout
@@ -254,6 +280,15 @@ def test_compare_measures_again_what_was_evaluated_at_another_precision(tmp_path
     ckpt.unlink()  # without the checkpoint the numbers are used as recorded, and the tables say so
     assert evaluated(run, "validation") == {"loss": 5.0}
     assert eval_precisions([run]) == "not recorded"
-    row = {"recipe": "prenorm-12l", "lr": 1e-3, "warmup": 200, "n_seeds": 1, "n_runs": 1, "train_s": 1.0,
-           "val_loss_mean": 5.0, "eval_precision": "32-true", "status": "ok"}  # fmt: skip
+    row = {
+        "recipe": "prenorm-12l",
+        "lr": 1e-3,
+        "warmup": 200,
+        "n_seeds": 1,
+        "n_runs": 1,
+        "train_s": 1.0,
+        "val_loss_mean": 5.0,
+        "eval_precision": "32-true",
+        "status": "ok",
+    }
     assert "| 32-true | ok |" in markdown_report([row], [], "cpu", "make compare", 6.4, "a CPU")

@@ -35,8 +35,12 @@ from tests.smoke import (
 )
 
 TOTAL = 6
-COMMON = ["--model.arch.dropout=0.1", f"--trainer.max_steps={TOTAL}", "--run.checkpoint_every=1",
-          "--trainer.val_check_interval=2"]  # fmt: skip
+COMMON = [
+    "--model.arch.dropout=0.1",
+    f"--trainer.max_steps={TOTAL}",
+    "--run.checkpoint_every=1",
+    "--trainer.val_check_interval=2",
+]
 
 
 def fault_args(corpus: str, root: Path, *extra: str, fault: str = "") -> list[str]:
@@ -128,8 +132,9 @@ def test_sigterm_or_ctrl_c_saves_records_and_exits_at_once_then_resumes_exactly(
 ):
     corpus, root = baseline["corpus"], tmp_path / "runs"
     with sigint_handled():
-        stopped = fit_here(monkeypatch, corpus, root, "--run.checkpoint_every=100", "--run.sample_tokens=20",
-                           fault=fault)  # fmt: skip
+        stopped = fit_here(
+            monkeypatch, corpus, root, "--run.checkpoint_every=100", "--run.sample_tokens=20", fault=fault
+        )
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the run gave Ctrl-C back
     assert stopped.returncode == code, stopped.stderr[-2000:]
     run_dir = root / "prenorm-12l" / "smoke-seed1"
@@ -201,8 +206,15 @@ def test_under_ddp_the_ranks_compare_preemption_flags_every_few_steps_only(tmp_p
 def test_a_dead_ddp_rank_ends_the_job_with_an_error_not_a_hang(baseline, tmp_path, fault):
     corpus = baseline["corpus"]
     started = time.time()
-    proc = fit_process(corpus, tmp_path / "runs", "--trainer.devices=2", "--trainer.strategy=ddp",
-                       "--run.dist_timeout_s=60", fault=fault, timeout=280)  # fmt: skip
+    proc = fit_process(
+        corpus,
+        tmp_path / "runs",
+        "--trainer.devices=2",
+        "--trainer.strategy=ddp",
+        "--run.dist_timeout_s=60",
+        fault=fault,
+        timeout=280,
+    )
     assert proc.returncode != 0
     # Whichever comes first ends the job: the survivor's next collective fails ("... by peer" at once, or
     # "timed out" after run.dist_timeout_s), or Lightning's child-process observer, which polls every 5 s,
@@ -218,15 +230,26 @@ def test_a_dead_ddp_rank_ends_the_job_with_an_error_not_a_hang(baseline, tmp_pat
 @pytest.mark.slow
 def test_killed_data_preparation_leaves_no_valid_cache_and_is_rebuilt(tmp_path):
     corpus = write_corpus(tmp_path / "corpus", n_files=30, words_per_file=6000)
-    cmd = [sys.executable, "-m", "resnorm_lm.data", "prepare", "--corpus", "text", "--files", corpus,
-           "--vocab-size", "2048"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "resnorm_lm.data",
+        "prepare",
+        "--corpus",
+        "text",
+        "--files",
+        corpus,
+        "--vocab-size",
+        "2048",
+    ]
     clean = subprocess.run([*cmd, "--cache-dir", str(tmp_path / "clean")], cwd=REPO, capture_output=True, text=True)
     assert clean.returncode == 0, clean.stderr[-2000:]
     reference = json.loads(clean.stdout)
     for delay in (1.0, 2.5, 4.0):
         cache = tmp_path / f"killed{delay}"
-        proc = subprocess.Popen([*cmd, "--cache-dir", str(cache)], cwd=REPO, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)  # fmt: skip
+        proc = subprocess.Popen(
+            [*cmd, "--cache-dir", str(cache)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
         time.sleep(delay)
         proc.kill()
         proc.communicate()
@@ -263,9 +286,18 @@ def test_guard_flags_nan_inf_and_spikes():
 @pytest.mark.parametrize("verdict", ["auto", "device"])  # auto: host verdicts on the CPU
 def test_a_diverging_run_stops_cleanly_and_says_so(baseline, tmp_path, capsys, verdict):
     corpus, root = baseline["corpus"], tmp_path / "runs"
-    code = run_cli(smoke_args(corpus, f"--run.root={root}", "--model.optim.lr=30", "--model.optim.warmup_fraction=0",
-                              "--trainer.max_steps=30", "--model.divergence.factor=1.5", "--run.checkpoint_every=1",
-                              f"--model.divergence.verdict={verdict}"))  # fmt: skip
+    code = run_cli(
+        smoke_args(
+            corpus,
+            f"--run.root={root}",
+            "--model.optim.lr=30",
+            "--model.optim.warmup_fraction=0",
+            "--trainer.max_steps=30",
+            "--model.divergence.factor=1.5",
+            "--run.checkpoint_every=1",
+            f"--model.divergence.verdict={verdict}",
+        )
+    )
     out = capsys.readouterr().out
     assert code == 3, out[-2000:]
     run_dir = root / "prenorm-12l" / "smoke-seed1"
@@ -282,9 +314,18 @@ def test_a_diverging_run_stops_cleanly_and_says_so(baseline, tmp_path, capsys, v
 
 def test_skip_mode_counts_skipped_steps(baseline, tmp_path, capsys):
     corpus, root = baseline["corpus"], tmp_path / "runs"
-    code = run_cli(smoke_args(corpus, f"--run.root={root}", "--model.optim.lr=30", "--model.optim.warmup_fraction=0",
-                              "--trainer.max_steps=30", "--model.divergence.factor=1.5",
-                              "--model.divergence.on_bad_step=skip", "--model.divergence.max_skips=3"))  # fmt: skip
+    code = run_cli(
+        smoke_args(
+            corpus,
+            f"--run.root={root}",
+            "--model.optim.lr=30",
+            "--model.optim.warmup_fraction=0",
+            "--trainer.max_steps=30",
+            "--model.divergence.factor=1.5",
+            "--model.divergence.on_bad_step=skip",
+            "--model.divergence.max_skips=3",
+        )
+    )
     summary = json.loads((root / "prenorm-12l" / "smoke-seed1" / "eval.json").read_text())
     assert summary["skipped_steps"] >= 1
     assert code == (3 if summary["diverged"] else 0)
@@ -315,10 +356,19 @@ def test_under_ddp_a_bad_loss_on_one_rank_is_one_verdict_for_every_rank(baseline
     """Only rank 1's loss is NaN at step 2: both ranks skip that step and stay identical, or both stop with exit 3."""
     corpus, probe = baseline["corpus"], tmp_path / "probe"
     probe.mkdir()
-    proc = fit_process(corpus, tmp_path / "runs", "--trainer.devices=2", "--trainer.strategy=ddp",
-                       f"--model.divergence.verdict={verdict}", f"--model.divergence.on_bad_step={on_bad_step}",
-                       "--run.dist_timeout_s=60", "--trainer.callbacks+=tests.ddp_probe.RecordRankBatches",
-                       fault="nan:2:1", timeout=240, RESNORM_LM_PROBE_DIR=str(probe))  # fmt: skip
+    proc = fit_process(
+        corpus,
+        tmp_path / "runs",
+        "--trainer.devices=2",
+        "--trainer.strategy=ddp",
+        f"--model.divergence.verdict={verdict}",
+        f"--model.divergence.on_bad_step={on_bad_step}",
+        "--run.dist_timeout_s=60",
+        "--trainer.callbacks+=tests.ddp_probe.RecordRankBatches",
+        fault="nan:2:1",
+        timeout=240,
+        RESNORM_LM_PROBE_DIR=str(probe),
+    )
     assert proc.returncode == (0 if on_bad_step == "skip" else 3), proc.stderr[-3000:]
     ranks = [json.loads((probe / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0]["weights"] == ranks[1]["weights"]  # the replicas did not drift apart
@@ -436,8 +486,12 @@ def test_a_run_being_trained_by_another_process_is_refused_and_left_alone(baseli
     files = [run_dir / "eval.json", run_dir / "metrics.csv", run_dir / "checkpoints" / "last.ckpt"]
     before = [f.read_bytes() for f in files]
     hold = f"from resnorm_lm.train.run_lock import RunLock; lock = RunLock({str(run_dir)!r}); lock.acquire(); "
-    holder = subprocess.Popen([sys.executable, "-c", hold + "print('held', flush=True); import time; time.sleep(120)"],
-                              cwd=REPO, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    holder = subprocess.Popen(
+        [sys.executable, "-c", hold + "print('held', flush=True); import time; time.sleep(120)"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         code = run_cli(smoke_args(baseline["corpus"], f"--run.root={root}", *COMMON, "--ckpt_path=last"))
@@ -527,8 +581,7 @@ def test_empty_corpus_is_refused(tmp_path, capsys):
 def test_resume_from_a_corrupt_or_foreign_checkpoint_is_refused(baseline, tmp_path, capsys):
     bad = tmp_path / "bad.ckpt"
     bad.write_bytes(b"\x00garbage")
-    code = run_cli(smoke_args(baseline["corpus"], f"--run.root={tmp_path / 'runs'}",
-                              f"--ckpt_path={bad}"))  # fmt: skip
+    code = run_cli(smoke_args(baseline["corpus"], f"--run.root={tmp_path / 'runs'}", f"--ckpt_path={bad}"))
     assert code == 2 and "corrupt, truncated or not a checkpoint" in capsys.readouterr().err
 
 

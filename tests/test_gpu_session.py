@@ -31,9 +31,16 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def session(tmp_path, dry: bool = True, compare_args=()) -> gpu_session.Session:
-    return gpu_session.Session(out=tmp_path / "out", scratch=tmp_path / "scratch", dry=dry,
-                               runs_root=tmp_path / "runs", seed_dir=tmp_path / "seed", e2e_steps=4,
-                               kernel_widths=[64], compare_args=list(compare_args))  # fmt: skip
+    return gpu_session.Session(
+        out=tmp_path / "out",
+        scratch=tmp_path / "scratch",
+        dry=dry,
+        runs_root=tmp_path / "runs",
+        seed_dir=tmp_path / "seed",
+        e2e_steps=4,
+        kernel_widths=[64],
+        compare_args=list(compare_args),
+    )
 
 
 def test_a_step_is_ok_failed_or_skipped_without_cuda_and_a_failure_does_not_stop_the_session(tmp_path):
@@ -78,8 +85,19 @@ def test_a_step_past_its_budget_stops_its_whole_process_group_and_waits_for_chec
 
 
 def test_depth_takes_compares_arguments_and_adds_the_root_results_and_this_machines_training_arguments(tmp_path):
-    s = session(tmp_path, dry=False, compare_args=["--recipes", "prenorm-12l", "--depths=48", "--lrs", "1e-3",
-                                                   "--train-args", "--trainer.max_steps=10"])  # fmt: skip
+    s = session(
+        tmp_path,
+        dry=False,
+        compare_args=[
+            "--recipes",
+            "prenorm-12l",
+            "--depths=48",
+            "--lrs",
+            "1e-3",
+            "--train-args",
+            "--trainer.max_steps=10",
+        ],
+    )
     args = gpu_session.compare_arguments(s)
     assert args[:6] == ["--recipes", "prenorm-12l", "--depths", "48", "--lrs", "1e-3"]
     assert args[args.index("--profile") + 1] == "cpu" and args[args.index("--jobs") + 1] == "12"
@@ -97,9 +115,13 @@ def test_depth_takes_compares_arguments_and_adds_the_root_results_and_this_machi
 def test_the_command_line_refuses_what_cannot_work(capsys):
     parse = gpu_session.parse_args
     eight = ["quick", "check", "kernels", "training", "placements", "e2e", "profile", "depth"]
-    for argv, says in ((["prepare", "quick"], "give it alone"), (["quick", "--", "--recipes", "x"], "for the depth"),
-                       (eight, "at most 7 stages"), (["quick", "quick"], "named twice"),
-                       (["nope"], "invalid choice")):  # fmt: skip
+    for argv, says in (
+        (["prepare", "quick"], "give it alone"),
+        (["quick", "--", "--recipes", "x"], "for the depth"),
+        (eight, "at most 7 stages"),
+        (["quick", "quick"], "named twice"),
+        (["nope"], "invalid choice"),
+    ):
         with pytest.raises(SystemExit):
             parse(argv)
         assert says in capsys.readouterr().err
@@ -116,8 +138,9 @@ def test_a_budget_is_shared_by_weight_among_what_is_left():
 # ---------------------------------------------------------------- bench_training: failures and unknown peaks
 
 
-def test_a_failed_child_leaves_its_row_empty_and_the_table_the_ratio_and_the_csv_still_come(tmp_path, monkeypatch,
-                                                                                             capsys):  # fmt: skip
+def test_a_failed_child_leaves_its_row_empty_and_the_table_the_ratio_and_the_csv_still_come(
+    tmp_path, monkeypatch, capsys
+):
     def child(kind, profile, compile_, steps, warmup, timeout_s=None, data_files=None):
         if kind == "bare":
             raise bench_training.ChildFailed("bench child bare (compile=False) failed:\nTraceback ...")
@@ -136,8 +159,18 @@ def test_a_failed_child_leaves_its_row_empty_and_the_table_the_ratio_and_the_csv
 
 
 def test_an_unknown_peak_leaves_mfu_out_with_a_line_saying_why(capsys):
-    rows = [{"path": p, "compile": True, "tokens_per_s": 1000, "step_s": 0.1, "gap_fraction": 0.0, "mfu": None,
-             "max_rss_mb": 10} for p in ("lightning", "bare")]  # fmt: skip
+    rows = [
+        {
+            "path": p,
+            "compile": True,
+            "tokens_per_s": 1000,
+            "step_s": 0.1,
+            "gap_fraction": 0.0,
+            "mfu": None,
+            "max_rss_mb": 10,
+        }
+        for p in ("lightning", "bare")
+    ]
     reason = "Lightning's table has no dense bf16 peak for 'NVIDIA H200'"
     bench_training.print_throughput(rows, "gpu", 1, 3, 1, reason)
     out = capsys.readouterr().out
@@ -160,12 +193,20 @@ def test_the_kernel_table_forgets_autotunes_picks_before_each_case():
 # ---------------------------------------------------------------- finished runs carried there and back
 
 
-def fake_run(root: Path, recipe: str, tag: str, finished: bool = True, precision: str = "32-true",
-             val_loss: float = 5.0, checkpoint: bool = False) -> Path:  # fmt: skip
+def fake_run(
+    root: Path,
+    recipe: str,
+    tag: str,
+    finished: bool = True,
+    precision: str = "32-true",
+    val_loss: float = 5.0,
+    checkpoint: bool = False,
+) -> Path:
     run = root / recipe / tag
     run.mkdir(parents=True)
-    run.joinpath("eval.json").write_text(json.dumps({"finished": finished, "step": 500, "val_loss": val_loss,
-                                                     "eval": {"trained_precision": precision}}))  # fmt: skip
+    run.joinpath("eval.json").write_text(
+        json.dumps({"finished": finished, "step": 500, "val_loss": val_loss, "eval": {"trained_precision": precision}})
+    )
     run.joinpath("metrics.csv").write_text("step,train/loss\n0,6.0\n")
     run.joinpath("config.yaml").write_text(f"trainer:\n  precision: {precision}\n")
     if checkpoint:
@@ -183,8 +224,10 @@ def test_prepare_carries_the_finished_runs_of_the_sweeps_profile_and_precision_o
     fake_run(b, "prenorm-12l", "cpu-lr0.008-wu200-seed1")  # the same run in a second folder
     fake_run(b, "lns-12l", "cpu-d24-lr0.008-wu200-seed2")
     runs, notes = run_files.seed_runs([a, b], "cpu", "32-true")
-    assert runs == {"lns-12l/cpu-d24-lr0.008-wu200-seed2": b / "lns-12l" / "cpu-d24-lr0.008-wu200-seed2",
-                    "prenorm-12l/cpu-lr0.008-wu200-seed1": a / "prenorm-12l" / "cpu-lr0.008-wu200-seed1"}  # fmt: skip
+    assert runs == {
+        "lns-12l/cpu-d24-lr0.008-wu200-seed2": b / "lns-12l" / "cpu-d24-lr0.008-wu200-seed2",
+        "prenorm-12l/cpu-lr0.008-wu200-seed1": a / "prenorm-12l" / "cpu-lr0.008-wu200-seed1",
+    }
     assert any("trained at bf16-mixed, not 32-true" in n for n in notes)
     assert any("the same run as" in n for n in notes)
 
@@ -225,8 +268,18 @@ def test_contributions_are_measured_best_run_of_each_depth_first_where_a_checkpo
 
 def dry_run(tmp_path, *argv: str, limit: int = 540) -> tuple[subprocess.CompletedProcess, Path]:
     out = tmp_path / "out"
-    cmd = ["bash", "benchmarks/gpu_session.sh", "--dry-run", "--scratch", str(tmp_path / "scratch"), "--out",
-           str(out), "--limit-s", str(limit), *argv]  # fmt: skip
+    cmd = [
+        "bash",
+        "benchmarks/gpu_session.sh",
+        "--dry-run",
+        "--scratch",
+        str(tmp_path / "scratch"),
+        "--out",
+        str(out),
+        "--limit-s",
+        str(limit),
+        *argv,
+    ]
     env = dict(os.environ, PY=sys.executable, OMP_NUM_THREADS="1")
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=limit + 60)
     return done, out
@@ -234,8 +287,9 @@ def dry_run(tmp_path, *argv: str, limit: int = 540) -> tuple[subprocess.Complete
 
 def statuses(out: Path) -> dict[str, str]:
     lines = (out / "session.txt").read_text().splitlines()
-    return dict(re.match(r"^(\w+/[\w-]+): (.*) \(\d+ s\)$", line).groups() for line in lines
-                if re.match(r"^\w+/[\w-]+: ", line))  # fmt: skip
+    return dict(
+        re.match(r"^(\w+/[\w-]+): (.*) \(\d+ s\)$", line).groups() for line in lines if re.match(r"^\w+/[\w-]+: ", line)
+    )
 
 
 def members(tarball: Path) -> list[str]:
@@ -249,12 +303,17 @@ def test_dry_run_of_the_quick_stage(tmp_path):
     in the fast suite, since quick is the first command whenever a GPU is lent."""
     done, out = dry_run(tmp_path, "quick")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert statuses(out) == {"quick/lightning-vs-bare": "ok (compile off: the dry run compiles nothing)",
-                             "quick/kernel-768": "skipped: no CUDA (its CPU plumbing ran)",
-                             "quick/triton-vs-torch": "skipped: no CUDA (its CPU plumbing ran)"}  # fmt: skip
+    assert statuses(out) == {
+        "quick/lightning-vs-bare": "ok (compile off: the dry run compiles nothing)",
+        "quick/kernel-768": "skipped: no CUDA (its CPU plumbing ran)",
+        "quick/triton-vs-torch": "skipped: no CUDA (its CPU plumbing ran)",
+    }
     assert layout_problems(out) == []
-    assert sorted(p.name for p in (out / "quick").iterdir()) == ["log.txt", "placements_smoke.csv",
-                                                                 "training_smoke.csv"]  # fmt: skip
+    assert sorted(p.name for p in (out / "quick").iterdir()) == [
+        "log.txt",
+        "placements_smoke.csv",
+        "training_smoke.csv",
+    ]
     rows = list(csv.DictReader((out / "quick" / "training_smoke.csv").open()))
     assert [r["path"] for r in rows] == ["lightning", "bare"] and all(float(r["tokens_per_s"]) > 0 for r in rows)
     log = (out / "quick" / "log.txt").read_text()
@@ -269,8 +328,14 @@ def test_dry_run_of_every_other_measuring_stage_in_one_command(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     said = statuses(out)
     assert said["training/lightning-vs-bare"].startswith("ok")
-    for step in ("check/gpu-tests", "kernels/table", "placements/step-times", "e2e/make-train", "profile/triton",
-                 "profile/torch"):  # fmt: skip
+    for step in (
+        "check/gpu-tests",
+        "kernels/table",
+        "placements/step-times",
+        "e2e/make-train",
+        "profile/triton",
+        "profile/torch",
+    ):
         assert said[step] == "skipped: no CUDA (its CPU plumbing ran)", step
     assert layout_problems(out) == []
     files = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
@@ -316,9 +381,14 @@ def test_dry_run_of_two_depth_rounds_the_second_on_a_fresh_machine_from_the_firs
 
 @pytest.mark.training
 def test_dry_run_of_prepare_carries_the_committed_fp32_runs(tmp_path):
-    done = subprocess.run(["bash", "benchmarks/gpu_session.sh", "--dry-run", "--prepare-dir", str(tmp_path), "prepare"],
-                          cwd=REPO, env=dict(os.environ, PY=sys.executable), capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    done = subprocess.run(
+        ["bash", "benchmarks/gpu_session.sh", "--dry-run", "--prepare-dir", str(tmp_path), "prepare"],
+        cwd=REPO,
+        env=dict(os.environ, PY=sys.executable),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "wheels and data: skipped in the dry run" in done.stdout
     names = members(tmp_path / ".devseed" / "docs-run-files.tar.gz")
@@ -332,8 +402,12 @@ def test_dry_run_of_prepare_carries_the_committed_fp32_runs(tmp_path):
 
 def test_every_gpu_session_command_in_the_docs_parses_and_its_compare_arguments_exist():
     docs = [REPO / "docs" / "benchmarks.md", REPO / "docs" / "depth.md"]
-    lines = [line.strip().removeprefix("$ ") for doc in docs for line in doc.read_text().splitlines()
-             if "benchmarks/gpu_session.sh" in line and line.strip().startswith("bash ")]  # fmt: skip
+    lines = [
+        line.strip().removeprefix("$ ")
+        for doc in docs
+        for line in doc.read_text().splitlines()
+        if "benchmarks/gpu_session.sh" in line and line.strip().startswith("bash ")
+    ]
     assert len(lines) >= 6
     for line in lines:
         argv = shlex.split(line.split("#")[0])[2:]

@@ -16,8 +16,9 @@ from resnorm_lm.train.diagnostics import grad_norms_at_init
 
 def measure(placement: str, seed: int = 0, init: str = "gpt2") -> list[float]:
     torch.manual_seed(seed)
-    model = GPT(GPTConfig(vocab_size=512, block_size=64, n_layer=12, n_head=4, n_embd=128, placement=placement,
-                          init=init))  # fmt: skip
+    model = GPT(
+        GPTConfig(vocab_size=512, block_size=64, n_layer=12, n_head=4, n_embd=128, placement=placement, init=init)
+    )
     idx, targets = torch.randint(0, 512, (8, 64)), torch.randint(0, 512, (8, 64))
     return grad_norms_at_init(model, idx, targets)
 

@@ -137,19 +137,35 @@ class PoisonedLoss(L.Callback):
         self.optimizer_states[trainer.global_step] = copy.deepcopy(trainer.optimizers[0].state_dict()["state"])
 
 
-def fit(verdict: str, on_bad_step: str, bad_steps: set[int], max_steps: int = 6, bad_micro_batches=frozenset(),
-        poison=NAN, **trainer_kwargs):  # fmt: skip
+def fit(
+    verdict: str,
+    on_bad_step: str,
+    bad_steps: set[int],
+    max_steps: int = 6,
+    bad_micro_batches=frozenset(),
+    poison=NAN,
+    **trainer_kwargs,
+):
     torch.manual_seed(0)
     arch = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32)
-    module = LanguageModel(arch, OptimConfig(lr=1e-2, warmup_fraction=0.0),
-                           divergence=DivergenceConfig(on_bad_step=on_bad_step, verdict=verdict))  # fmt: skip
+    module = LanguageModel(
+        arch,
+        OptimConfig(lr=1e-2, warmup_fraction=0.0),
+        divergence=DivergenceConfig(on_bad_step=on_bad_step, verdict=verdict),
+    )
     tokens = torch.randint(0, 64, (max_steps * trainer_kwargs.get("accumulate_grad_batches", 1) * 4, 17))
     data = DataLoader(TensorDataset(tokens[:, :-1], tokens[:, 1:]), batch_size=4)
     poison = PoisonedLoss(bad_steps, bad_micro_batches, poison)
     trainer_kwargs = {"logger": False, **trainer_kwargs}
     trainer_kwargs["callbacks"] = [poison, *trainer_kwargs.get("callbacks", [])]
-    trainer = L.Trainer(max_steps=max_steps, accelerator="cpu", enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, **trainer_kwargs)  # fmt: skip
+    trainer = L.Trainer(
+        max_steps=max_steps,
+        accelerator="cpu",
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        **trainer_kwargs,
+    )
     trainer.fit(module, data)
     return module, trainer, poison
 
@@ -179,8 +195,10 @@ def test_a_bad_step_is_never_applied_and_the_run_stops(verdict):
 def test_with_accumulation_host_and_device_verdicts_skip_the_same_whole_steps(monkeypatch):
     """A bad micro-batch makes its whole optimizer step a skipped step, counted once, in both verdict modes."""
     # the same (fused) AdamW in both modes: any difference between them is then the verdicts'
-    monkeypatch.setattr("resnorm_lm.train.lightning_module.build_optimizer",
-                        lambda *args, fused=None: build_optimizer(*args, fused=True))  # fmt: skip
+    monkeypatch.setattr(
+        "resnorm_lm.train.lightning_module.build_optimizer",
+        lambda *args, fused=None: build_optimizer(*args, fused=True),
+    )
     runs = {
         verdict: fit(verdict, "skip", set(), max_steps=5, bad_micro_batches={2, 3, 7}, accumulate_grad_batches=2)
         for verdict in ("host", "device")
@@ -201,8 +219,16 @@ def test_under_16_mixed_the_host_verdict_skips_a_whole_step_and_leaves_the_grad_
     loss spike (finite gradients, which the scaler would apply) is skipped whole without touching the loss scale."""
     scaler = torch.amp.GradScaler("cpu")  # 16-mixed on CPU: Lightning would switch to bf16, so the plugin is given
     plugin = MixedPrecision("16-mixed", "cpu", scaler=scaler)
-    module, trainer, poison = fit("auto", "skip", set(), max_steps=5, bad_micro_batches={6}, poison=10.0,
-                                  accumulate_grad_batches=2, plugins=[plugin])  # fmt: skip
+    module, trainer, poison = fit(
+        "auto",
+        "skip",
+        set(),
+        max_steps=5,
+        bad_micro_batches={6},
+        poison=10.0,
+        accumulate_grad_batches=2,
+        plugins=[plugin],
+    )
     assert str(trainer.precision) == "16-mixed" and module.verdicts is None  # auto: host verdicts under a scaler
     assert module.guard.skipped == 1 and trainer.global_step == 5
     assert_same_state(
@@ -244,8 +270,10 @@ def test_the_module_clips_a_fused_optimizers_gradients(algorithm):
 
 
 def test_device_verdicts_refuse_a_grad_scaler():
-    module = LanguageModel(GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=32),
-                           divergence=DivergenceConfig(verdict="device"))  # fmt: skip
+    module = LanguageModel(
+        GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=32),
+        divergence=DivergenceConfig(verdict="device"),
+    )
     module._trainer = type("T", (), {"precision": "16-mixed"})()
     with pytest.raises(ValueError, match="cannot be used with precision 16-mixed"):
         module._verdict_on_device(on_cuda=True)

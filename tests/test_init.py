@@ -17,17 +17,26 @@ C, N = 128, 4  # width: weights of 16k to 64k entries, so a sample std is within
 
 def model(init: str, placement: str = "prenorm", **extra) -> GPT:
     torch.manual_seed(0)
-    return GPT(GPTConfig(vocab_size=256, block_size=32, n_layer=N, n_head=4, n_embd=C, init=init,
-                         placement=placement, **extra))  # fmt: skip
+    return GPT(
+        GPTConfig(vocab_size=256, block_size=32, n_layer=N, n_head=4, n_embd=C, init=init, placement=placement, **extra)
+    )
 
 
 def stds(m: GPT) -> dict[str, float]:
     """The std of each kind of weight, pooled over the blocks."""
     blocks = m.blocks
     q, k, v = zip(*(b.attn.c_attn.weight.split(C) for b in blocks))
-    kinds = {"q": q, "k": k, "v": v, "attn_out": [b.attn.c_proj.weight for b in blocks],
-             "mlp_in": [b.mlp.c_fc.weight for b in blocks], "mlp_out": [b.mlp.c_proj.weight for b in blocks],
-             "wte": [m.wte.weight], "wpe": [m.wpe.weight], "head": [m.lm_head.weight]}  # fmt: skip
+    kinds = {
+        "q": q,
+        "k": k,
+        "v": v,
+        "attn_out": [b.attn.c_proj.weight for b in blocks],
+        "mlp_in": [b.mlp.c_fc.weight for b in blocks],
+        "mlp_out": [b.mlp.c_proj.weight for b in blocks],
+        "wte": [m.wte.weight],
+        "wpe": [m.wpe.weight],
+        "head": [m.lm_head.weight],
+    }
     return {kind: torch.cat([w.detach().flatten() for w in ws]).std().item() for kind, ws in kinds.items()}
 
 
@@ -40,15 +49,42 @@ XAVIER_OUT = uniform_std(math.sqrt(6 / (2 * C)))
 DEFAULT_LINEAR = {"mlp_in": uniform_std(1 / math.sqrt(C)), "mlp_out": uniform_std(1 / math.sqrt(4 * C))}
 EMBED = C**-0.5
 EXPECTED = {
-    "gpt2": {"q": 0.02, "k": 0.02, "v": 0.02, "attn_out": 0.02 / math.sqrt(2 * N), "mlp_in": 0.02,
-             "mlp_out": 0.02 / math.sqrt(2 * N), "wte": 0.02, "wpe": 0.02, "head": 0.02},
-    "plain": {"q": 0.02, "k": 0.02, "v": 0.02, "attn_out": 0.02, "mlp_in": 0.02, "mlp_out": 0.02, "wte": 0.02,
-              "wpe": 0.02, "head": 0.02},
-    "xavier": {"q": XAVIER_QKV, "k": XAVIER_QKV, "v": XAVIER_QKV, "attn_out": XAVIER_OUT, **DEFAULT_LINEAR,
-               "wte": EMBED, "wpe": EMBED, "head": EMBED},
-}  # fmt: skip
-EXPECTED["xavier_rescaled"] = {kind: std * (N**-0.5 if kind not in ("wte", "wpe", "head") else 1.0)
-                               for kind, std in EXPECTED["xavier"].items()}  # fmt: skip
+    "gpt2": {
+        "q": 0.02,
+        "k": 0.02,
+        "v": 0.02,
+        "attn_out": 0.02 / math.sqrt(2 * N),
+        "mlp_in": 0.02,
+        "mlp_out": 0.02 / math.sqrt(2 * N),
+        "wte": 0.02,
+        "wpe": 0.02,
+        "head": 0.02,
+    },
+    "plain": {
+        "q": 0.02,
+        "k": 0.02,
+        "v": 0.02,
+        "attn_out": 0.02,
+        "mlp_in": 0.02,
+        "mlp_out": 0.02,
+        "wte": 0.02,
+        "wpe": 0.02,
+        "head": 0.02,
+    },
+    "xavier": {
+        "q": XAVIER_QKV,
+        "k": XAVIER_QKV,
+        "v": XAVIER_QKV,
+        "attn_out": XAVIER_OUT,
+        **DEFAULT_LINEAR,
+        "wte": EMBED,
+        "wpe": EMBED,
+        "head": EMBED,
+    },
+}
+EXPECTED["xavier_rescaled"] = {
+    kind: std * (N**-0.5 if kind not in ("wte", "wpe", "head") else 1.0) for kind, std in EXPECTED["xavier"].items()
+}
 
 
 def test_every_registered_init_has_its_expected_stds():

@@ -43,8 +43,9 @@ exec {PYTHON} "$@"
 
 
 def ensure_venv(python: Path, venv: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(ENSURE_VENV), str(python), str(venv)], capture_output=True, text=True,
-                          timeout=60, env=env)  # fmt: skip
+    return subprocess.run(
+        ["bash", str(ENSURE_VENV), str(python), str(venv)], capture_output=True, text=True, timeout=60, env=env
+    )
 
 
 def python_that_does_not_start(venv: Path) -> None:
@@ -64,8 +65,9 @@ def no_python(venv: Path) -> None:  # `python -m venv` killed before it linked t
     (venv / "bin").mkdir(parents=True)
 
 
-@pytest.mark.parametrize("half_made", [python_that_does_not_start, python_without_pip,
-                                       python_link_to_a_removed_interpreter, no_python])  # fmt: skip
+@pytest.mark.parametrize(
+    "half_made", [python_that_does_not_start, python_without_pip, python_link_to_a_removed_interpreter, no_python]
+)
 def test_a_half_made_venv_is_removed_and_made_again(half_made, tmp_path):
     venv = tmp_path / ".venv"
     half_made(venv)
@@ -140,8 +142,7 @@ def installed_copy(tmp_path):
 
 
 def make_dry_run(folder: Path, *variables: str, target: str = "install") -> str:
-    done = subprocess.run(["make", "-n", target, *variables], cwd=folder, capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+    done = subprocess.run(["make", "-n", target, *variables], cwd=folder, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout
 

@@ -110,14 +110,29 @@ def run_before_wings(tmp_path, monkeypatch):
 @pytest.mark.training
 def test_a_run_written_before_the_move_resumes_to_its_end(run_before_wings, capsys):
     root, run_dir = run_before_wings
-    code = run_cli(["fit", "--recipe", "prenorm-12l", "--profile", "smoke", "--data.corpus=text",
-                    "--data.files=[tests/fixtures/run_before_wings/corpus/*.txt]",
-                    "--trainer.enable_progress_bar=false", f"--run.root={root}", "--model.arch.n_layer=2",
-                    "--model.arch.n_embd=16", "--trainer.max_steps=4",
-                    # what it trained with before data orders followed the seed and warmups were fractions (its 2
-                    # warmup steps of 4): a resume gives the run's own settings
-                    "--data.seed=1337", "--model.optim.warmup_fraction=0.5",
-                    "--run.checkpoint_every=1", "--trainer.val_check_interval=2", "--ckpt_path=last"])  # fmt: skip
+    code = run_cli(
+        [
+            "fit",
+            "--recipe",
+            "prenorm-12l",
+            "--profile",
+            "smoke",
+            "--data.corpus=text",
+            "--data.files=[tests/fixtures/run_before_wings/corpus/*.txt]",
+            "--trainer.enable_progress_bar=false",
+            f"--run.root={root}",
+            "--model.arch.n_layer=2",
+            "--model.arch.n_embd=16",
+            "--trainer.max_steps=4",
+            # what it trained with before data orders followed the seed and warmups were fractions (its 2
+            # warmup steps of 4): a resume gives the run's own settings
+            "--data.seed=1337",
+            "--model.optim.warmup_fraction=0.5",
+            "--run.checkpoint_every=1",
+            "--trainer.val_check_interval=2",
+            "--ckpt_path=last",
+        ]
+    )
     out = capsys.readouterr()
     assert code == 0, out.err[-2000:]
     assert f"RESULT run={run_dir} step=4" in out.out

@@ -23,8 +23,10 @@ BATCHES, BATCH = 7, 2  # 7 micro-batches an epoch: windows of 3 leave a last win
 
 
 def moved(what: str, used_by: str) -> str:
-    return (f"lightning {VERSION}: {what} moved or changed meaning; {used_by} relies on it. Update it, or pin "
-            "lightning to the range it was tested with")  # fmt: skip
+    return (
+        f"lightning {VERSION}: {what} moved or changed meaning; {used_by} relies on it. Update it, or pin "
+        "lightning to the range it was tested with"
+    )
 
 
 def private(obj, name: str, what: str, used_by: str):
@@ -54,8 +56,12 @@ class Recorder(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         loop = self.trainer.fit_loop
-        should_accumulate = private(loop, "_should_accumulate", "trainer.fit_loop._should_accumulate()",
-                                    "resnorm_lm/train/step_boundary.py (checked against it)")  # fmt: skip
+        should_accumulate = private(
+            loop,
+            "_should_accumulate",
+            "trainer.fit_loop._should_accumulate()",
+            "resnorm_lm/train/step_boundary.py (checked against it)",
+        )
         ours = ends_optimizer_step(self.trainer, batch_idx)
         self.steps.append((self.current_epoch, batch_idx, ours, not should_accumulate()))
         if ours and self.trainer.global_step + 1 == self.stop_at:
@@ -64,8 +70,12 @@ class Recorder(L.LightningModule):
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         if ends_optimizer_step(self.trainer, batch_idx):
-            connector = private(self.trainer, "_logger_connector", "trainer._logger_connector",
-                                "resnorm_lm/train/monitors.py (checked against it)")  # fmt: skip
+            connector = private(
+                self.trainer,
+                "_logger_connector",
+                "trainer._logger_connector",
+                "resnorm_lm/train/monitors.py (checked against it)",
+            )
             self.logs.append((self.trainer.global_step, logs_this_step(self.trainer), connector.should_update_logs))
 
     def configure_optimizers(self):
@@ -73,9 +83,18 @@ class Recorder(L.LightningModule):
 
 
 def fit(module: L.LightningModule, loader, accumulate: int, callbacks=(), max_epochs: int = 2) -> L.Trainer:
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=max_epochs, accumulate_grad_batches=accumulate,
-                        log_every_n_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, callbacks=list(callbacks))  # fmt: skip
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=max_epochs,
+        accumulate_grad_batches=accumulate,
+        log_every_n_steps=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=list(callbacks),
+    )
     trainer.fit(module, loader)
     return trainer
 
@@ -88,12 +107,16 @@ def test_the_step_boundary_and_logging_rules_agree_with_lightnings_own_on_every_
     trainer = fit(module, loader, accumulate)
     assert len(module.steps) == 2 * BATCHES  # two epochs, every micro-batch seen
     disagree = [(epoch, i, ours, theirs) for epoch, i, ours, theirs in module.steps if ours != theirs]
-    assert not disagree, moved("the rule for when the optimizer steps (fit_loop._should_accumulate)",
-                               f"resnorm_lm/train/step_boundary.py, which disagrees at {disagree}")  # fmt: skip
+    assert not disagree, moved(
+        "the rule for when the optimizer steps (fit_loop._should_accumulate)",
+        f"resnorm_lm/train/step_boundary.py, which disagrees at {disagree}",
+    )
     assert sum(theirs for *_, theirs in module.steps) == trainer.global_step == 2 * -(-BATCHES // accumulate)
     wrong_logs = [row for row in module.logs if row[1] != row[2]]
-    assert not wrong_logs, moved("when training metrics are logged (_logger_connector.should_update_logs)",
-                                 f"resnorm_lm/train/monitors.py, which disagrees at {wrong_logs}")  # fmt: skip
+    assert not wrong_logs, moved(
+        "when training metrics are logged (_logger_connector.should_update_logs)",
+        f"resnorm_lm/train/monitors.py, which disagrees at {wrong_logs}",
+    )
     assert any(ours for _, ours, _ in module.logs)
 
 

@@ -33,8 +33,14 @@ def error_bound(name: str, x: torch.Tensor, exact: torch.Tensor, norm) -> torch.
 
 
 @settings(max_examples=60, deadline=None)
-@given(name=st.sampled_from(NORMS.names()), shape=shapes, scale=scales, seed=st.integers(0, 2**16),
-       constant=st.booleans(), bf16=st.booleans())  # fmt: skip
+@given(
+    name=st.sampled_from(NORMS.names()),
+    shape=shapes,
+    scale=scales,
+    seed=st.integers(0, 2**16),
+    constant=st.booleans(),
+    bf16=st.booleans(),
+)
 def test_norms_are_finite_and_match_the_reference(name, shape, scale, seed, constant, bf16):
     # One channel: LayerNorm's output is its bias whatever the input, and torch's bf16 CPU kernel returns its
     # variance's rounding noise there (8 at scale 1e6, seen once): a degenerate norm, not the one this tests.

@@ -92,8 +92,9 @@ def test_norm_gradients_match_reference(name, shape, dtype):
     x64, x32 = x.detach().double().requires_grad_(), x.detach().float().requires_grad_()  # the same rounded input
     got = torch.autograd.grad(norm(x), [x, *norm.parameters()], grad_outputs=dy)
     want = torch.autograd.grad(ref.reference(norm64, x64), [x64, *norm64.parameters()], grad_outputs=dy.double())
-    path = torch.autograd.grad(ref.reference(plain, x32, torch.float32), [x32, *plain.parameters()],
-                               grad_outputs=dy.float())  # fmt: skip
+    path = torch.autograd.grad(
+        ref.reference(plain, x32, torch.float32), [x32, *plain.parameters()], grad_outputs=dy.float()
+    )
     names = ["x"] + [n for n, _ in norm.named_parameters()]
     for what, g, w, p in zip(names, got, want, path):
         # floor 1: a parameter gradient sums random-sign terms and can cancel to near zero

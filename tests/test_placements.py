@@ -233,10 +233,21 @@ def test_resi_dual_embed_starts_its_dual_stream_at_the_embeddings(toys, x):
 
 # What each formula applies to the stream leaving the last block before the LM head: a norm, nothing, or
 # (ResiDual) its two streams' readout, whose formula test_resi_dual_two_streams_and_readout checks.
-FINAL = {"postnorm": nn.Identity, "prenorm": LayerNorm, "sandwich": LayerNorm, "deepnorm": nn.Identity,
-         "rezero": nn.Identity, "mixln": LayerNorm, "lns": LayerNorm, "b2t": nn.Identity,
-         "noresidual": nn.Identity, "rezero_shared": nn.Identity, "peri_ln": LayerNorm,
-         "resi_dual": LayerNorm, "resi_dual_embed": LayerNorm}  # fmt: skip
+FINAL = {
+    "postnorm": nn.Identity,
+    "prenorm": LayerNorm,
+    "sandwich": LayerNorm,
+    "deepnorm": nn.Identity,
+    "rezero": nn.Identity,
+    "mixln": LayerNorm,
+    "lns": LayerNorm,
+    "b2t": nn.Identity,
+    "noresidual": nn.Identity,
+    "rezero_shared": nn.Identity,
+    "peri_ln": LayerNorm,
+    "resi_dual": LayerNorm,
+    "resi_dual_embed": LayerNorm,
+}
 
 
 @pytest.mark.parametrize("name", sorted(FINAL))

@@ -63,10 +63,12 @@ def test_explicit_precisions_win_and_impossible_ones_are_refused_or_switched(cap
 
 @pytest.mark.parametrize(
     "speedup, expected, said",
-    [(2.0, "bf16-mixed", "ran 2.00x as fast as fp32"),
-     (1.4, "32-true", "ran 1.40x as fast as fp32 under bf16 autocast"),
-     (0.008, "32-true", "ran 125.0x slower than fp32")],
-)  # fmt: skip
+    [
+        (2.0, "bf16-mixed", "ran 2.00x as fast as fp32"),
+        (1.4, "32-true", "ran 1.40x as fast as fp32 under bf16 autocast"),
+        (0.008, "32-true", "ran 125.0x slower than fp32"),
+    ],
+)
 def test_auto_on_a_bf16_cpu_follows_the_probe_with_a_margin(cpu, speedup, expected, said):
     cpu(speedup)
     for requested in ("auto", None):
@@ -96,14 +98,17 @@ def test_auto_keeps_a_resumed_runs_precision_or_says_why_not(cpu):
 
 @pytest.mark.parametrize(
     "flags, capability, env, said",
-    [(("avx2", "avx512_f"), "AVX512", {}, "Some CPU lacks avx512_bf16 and amx_bf16: bf16 would be emulated"),
-     (("avx512_bf16",), "AVX2", {}, "torch's CPU capability is AVX2 here (ATEN_CPU_CAPABILITY)"),
-     (("avx512_bf16",), "DEFAULT", {}, "torch's CPU capability is DEFAULT"),
-     (("amx_bf16",), "AVX512", {"ONEDNN_MAX_CPU_ISA": "AVX2"}, "ONEDNN_MAX_CPU_ISA=AVX2 caps oneDNN below"),
-     (("avx512_bf16",), "AVX512", {"DNNL_MAX_CPU_ISA": "avx512_core"}, "DNNL_MAX_CPU_ISA=avx512_core caps")],
-)  # fmt: skip
-def test_a_cpu_without_native_bf16_never_gets_bf16_whatever_a_timing_says(monkeypatch, cpu, flags, capability,
-                                                                          env, said):  # fmt: skip
+    [
+        (("avx2", "avx512_f"), "AVX512", {}, "Some CPU lacks avx512_bf16 and amx_bf16: bf16 would be emulated"),
+        (("avx512_bf16",), "AVX2", {}, "torch's CPU capability is AVX2 here (ATEN_CPU_CAPABILITY)"),
+        (("avx512_bf16",), "DEFAULT", {}, "torch's CPU capability is DEFAULT"),
+        (("amx_bf16",), "AVX512", {"ONEDNN_MAX_CPU_ISA": "AVX2"}, "ONEDNN_MAX_CPU_ISA=AVX2 caps oneDNN below"),
+        (("avx512_bf16",), "AVX512", {"DNNL_MAX_CPU_ISA": "avx512_core"}, "DNNL_MAX_CPU_ISA=avx512_core caps"),
+    ],
+)
+def test_a_cpu_without_native_bf16_never_gets_bf16_whatever_a_timing_says(
+    monkeypatch, cpu, flags, capability, env, said
+):
     measured = cpu(50.0, flags=flags, capability=capability)  # a timing that says bf16 is very fast
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -122,8 +127,9 @@ def test_a_cpu_without_native_bf16_never_gets_bf16_whatever_a_timing_says(monkey
 def test_the_gate_respects_the_avx2_caps_of_make_test_avx2_whatever_proc_cpuinfo_lists(tmp_path):
     """The real gate in a process started as `make test-avx2` starts pytest: never bf16 there."""
     env = {**os.environ, **AVX2_ONLY, "PYTHONPATH": str(REPO), "RESNORM_LM_CACHE": str(tmp_path)}
-    proc = subprocess.run([sys.executable, "-m", "resnorm_lm.train.precision"], env=env, capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "resnorm_lm.train.precision"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     assert "resnorm-lm: precision 32-true (" in proc.stdout
     assert not (tmp_path / "precision").exists()  # decided by the gate, nothing measured or kept

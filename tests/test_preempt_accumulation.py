@@ -20,16 +20,26 @@ BATCH, BLOCK = 4, 32  # the smoke profile's data.batch_size and data.block_size
 # (accumulate_grad_batches, fault): a SIGTERM at every micro-batch of a window, and one during the validation
 # pass that the smoke profile's val_check_interval (3 micro-batches) puts inside the window of step 1.
 CASES = [
-    *[pytest.param(k, f"sigterm_batch:{SIGNALLED_STEP * k + j}", id=f"accumulate{k}-micro{j}")
-      for k, micro_batches in ((1, [0]), (2, range(2)), (8, range(8))) for j in micro_batches],
+    *[
+        pytest.param(k, f"sigterm_batch:{SIGNALLED_STEP * k + j}", id=f"accumulate{k}-micro{j}")
+        for k, micro_batches in ((1, [0]), (2, range(2)), (8, range(8)))
+        for j in micro_batches
+    ],
     pytest.param(2, f"sigterm_validation:{SIGNALLED_STEP}", id="accumulate2-validation"),
-]  # fmt: skip
+]
 
 
 def args(setting: dict, root: Path, accumulate: int, *extra: str) -> list[str]:
-    return smoke_args(setting["corpus"], f"--run.root={root}", "--model.arch.n_layer=2",
-                      "--model.arch.dropout=0.1", f"--trainer.max_steps={STEPS}", f"--trainer.accumulate_grad_batches="
-                      f"{accumulate}", f"--run.checkpoint_every={CHECKPOINT_EVERY}", *extra)  # fmt: skip
+    return smoke_args(
+        setting["corpus"],
+        f"--run.root={root}",
+        "--model.arch.n_layer=2",
+        "--model.arch.dropout=0.1",
+        f"--trainer.max_steps={STEPS}",
+        f"--trainer.accumulate_grad_batches={accumulate}",
+        f"--run.checkpoint_every={CHECKPOINT_EVERY}",
+        *extra,
+    )
 
 
 def run_dir(root: Path) -> Path:
@@ -146,10 +156,19 @@ def test_under_ddp_with_accumulation_the_ranks_compare_flags_at_the_same_step_en
 
 def fit_ddp(setting: dict, root: Path, *extra: str, fault: str = "") -> subprocess.CompletedProcess:
     """2 gloo ranks, accumulation 2, 22 steps: the ranks compare flags at steps 10 and 20 (ddp_check_every)."""
-    argv = smoke_args(setting["corpus"], f"--run.root={root}", "--model.arch.n_layer=2",
-                      "--model.arch.dropout=0.1", "--trainer.max_steps=22", "--trainer.accumulate_grad_batches=2",
-                      "--run.checkpoint_every=10", "--trainer.val_check_interval=1000", "--trainer.devices=2",
-                      "--trainer.strategy=ddp", *extra)  # fmt: skip
+    argv = smoke_args(
+        setting["corpus"],
+        f"--run.root={root}",
+        "--model.arch.n_layer=2",
+        "--model.arch.dropout=0.1",
+        "--trainer.max_steps=22",
+        "--trainer.accumulate_grad_batches=2",
+        "--run.checkpoint_every=10",
+        "--trainer.val_check_interval=1000",
+        "--trainer.devices=2",
+        "--trainer.strategy=ddp",
+        *extra,
+    )
     if fault:
         argv.append("--trainer.callbacks+=tests.fault_probe.FaultProbe")
     return resnorm_lm_process(argv, timeout=600, RESNORM_LM_FAULT=fault, OMP_NUM_THREADS="1")

@@ -14,8 +14,15 @@ from tests.smoke import resnorm_lm_process, smoke_args
 # Lightning's litlogger advertisement, torch's LeafSpec deprecation raised inside Lightning, pip's chatter, and
 # Lightning's notice on saving a checkpoint without saying whether it is weights-only (alarming after a
 # weights_only=True loading policy: the project says weights_only=False, a full resumable save)
-NOISE = ("Tip: For seamless", "LeafSpec", "Looking in indexes", "Looking in links", "Preparing metadata", "Saved ",
-         "`weights_only` was not set")  # fmt: skip
+NOISE = (
+    "Tip: For seamless",
+    "LeafSpec",
+    "Looking in indexes",
+    "Looking in links",
+    "Preparing metadata",
+    "Saved ",
+    "`weights_only` was not set",
+)
 
 
 def test_fit_prints_no_library_noise(tmp_path, smoke_corpus):

@@ -38,8 +38,13 @@ def test_every_recipes_first_steps_are_bit_identical_to_the_recorded_ones():
     here = fingerprint(recipe_arch("prenorm-12l"), 4, cpu, "32-true")["reference"]
     if here != RECORDED["reference"]:
         recorded = f"{RECORDED['reference']}, {RECORDED['cpu_capability']} kernels"
-        pytest.skip(f"this machine's arithmetic (reference fingerprint {here}) is not the one the numbers were "
-                    f"recorded with ({recorded}): bits differ")  # fmt: skip
-    changed = {r: (RECORDED["models"][r], p) for r in available_recipes()
-               if (p := fingerprint(recipe_arch(r), 4, cpu, "32-true")["model"]) != RECORDED["models"][r]}  # fmt: skip
+        pytest.skip(
+            f"this machine's arithmetic (reference fingerprint {here}) is not the one the numbers were "
+            f"recorded with ({recorded}): bits differ"
+        )
+    changed = {
+        r: (RECORDED["models"][r], p)
+        for r in available_recipes()
+        if (p := fingerprint(recipe_arch(r), 4, cpu, "32-true")["model"]) != RECORDED["models"][r]
+    }
     assert not changed, f"recipes whose numbers changed (recorded, now): {changed}"

@@ -53,7 +53,7 @@ def test_a_path_to_another_recipes_checkpoint_is_refused_and_nothing_is_written(
         ("--trainer.devices=2", "trainer: world_size: checkpoint 1, now 2"),
         ("--trainer.max_steps=1", "trainer.max_steps: 1 is before the checkpoint's step 2"),
     ],
-)  # fmt: skip
+)
 def test_both_resume_forms_refuse_what_a_resume_cannot_keep(started, capsys, form, override, said):
     ckpt = "last" if form == "last" else last_ckpt(started)
     before = (started["run_dir"] / "config.yaml").read_text()

@@ -70,8 +70,9 @@ def test_restating_a_warmup_of_steps_as_its_fraction_changes_no_step_of_the_sche
     step-counted warmup gave (linear to its 200th step, then cosine over the other 300)."""
     lr = multipliers(500, schedule="cosine", warmup_fraction=200 / 500, min_lr_ratio=0.1)
     progress = [(s - 200) / 300 for s in range(500)]  # the step-counted schedule's own arithmetic, exactly
-    old = [(s + 1) / 200 if s < 200 else 0.1 + (1 - 0.1) * 0.5 * (1 + math.cos(math.pi * progress[s]))
-           for s in range(500)]  # fmt: skip
+    old = [
+        (s + 1) / 200 if s < 200 else 0.1 + (1 - 0.1) * 0.5 * (1 + math.cos(math.pi * progress[s])) for s in range(500)
+    ]
     assert lr[:500] == old
 
 

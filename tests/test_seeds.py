@@ -45,9 +45,17 @@ def test_the_run_directory_names_a_seed_fixed_apart_from_the_run_seed():
 def test_a_runs_data_order_is_its_seeds_for_every_recipe_and_can_be_fixed(tmp_path, smoke_corpus):
     seen = {}
     for recipe, extra in (("prenorm-12l", []), ("postnorm-12l", []), ("prenorm-12l", ["--data.seed=1"])):
-        done = run_cli_captured(smoke_args(smoke_corpus, f"--run.root={tmp_path}", "--trainer.max_steps=1",
-                                           "--trainer.val_check_interval=1", "--seed_everything=3", *extra,
-                                           recipe=recipe))  # fmt: skip
+        done = run_cli_captured(
+            smoke_args(
+                smoke_corpus,
+                f"--run.root={tmp_path}",
+                "--trainer.max_steps=1",
+                "--trainer.val_check_interval=1",
+                "--seed_everything=3",
+                *extra,
+                recipe=recipe,
+            )
+        )
         assert done.returncode == 0, done.stderr[-2000:]
         name = "smoke-seed3" + ("-data1" if extra else "")
         run_dir = tmp_path / recipe / name

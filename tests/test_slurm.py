@@ -21,9 +21,17 @@ from tests.smoke import assert_same_training_state, run_cli, smoke_args, write_c
 
 REPO = Path(__file__).resolve().parents[1]
 # what srun gives the one task of a one-node, one-task job
-SRUN_TASK = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "resnorm-lm", "SLURM_NTASKS": "1", "SLURM_NNODES": "1",
-             "SLURM_NTASKS_PER_NODE": "1", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
-             "SLURM_NODELIST": "localhost"}  # fmt: skip
+SRUN_TASK = {
+    "SLURM_JOB_ID": "4242",
+    "SLURM_JOB_NAME": "resnorm-lm",
+    "SLURM_NTASKS": "1",
+    "SLURM_NNODES": "1",
+    "SLURM_NTASKS_PER_NODE": "1",
+    "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "0",
+    "SLURM_NODELIST": "localhost",
+}
 
 
 @pytest.fixture
@@ -113,8 +121,13 @@ def test_the_warning_mid_window_saves_at_its_end_requeues_and_the_requeued_start
     no_slurm, tmp_path, corpus
 ):
     """SIGUSR1 at micro-batch 4, the first of the third window (accumulation 2): saved at its end, step 3."""
-    training = ["--model.arch.n_layer=2", "--model.arch.dropout=0.1", "--trainer.max_steps=5",
-                "--trainer.accumulate_grad_batches=2", "--run.checkpoint_every=100"]  # fmt: skip
+    training = [
+        "--model.arch.n_layer=2",
+        "--model.arch.dropout=0.1",
+        "--trainer.max_steps=5",
+        "--trainer.accumulate_grad_batches=2",
+        "--run.checkpoint_every=100",
+    ]
     assert (
         run_cli(smoke_args(corpus, f"--run.root={tmp_path / 'uninterrupted'}", *training, cache_dir=tmp_path / "cache"))
         == 0
@@ -122,12 +135,23 @@ def test_the_warning_mid_window_saves_at_its_end_requeues_and_the_requeued_start
     root, asked = tmp_path / "slurm", tmp_path / "asked"
     probe = "--trainer.callbacks+=tests.slurm_probe.SignalAtMicroBatch"
     argv = smoke_args(corpus, f"--run.root={root}", *training, probe, cache_dir=tmp_path / "cache")
-    env = {**os.environ, **SRUN_TASK, "PYTHONPATH": str(REPO), "RESNORM_LM_SIGNAL_AT": "USR1:4",
-           "PATH": fake_scontrol(tmp_path / "bin", f'echo "$@" > {asked}')}  # fmt: skip
+    env = {
+        **os.environ,
+        **SRUN_TASK,
+        "PYTHONPATH": str(REPO),
+        "RESNORM_LM_SIGNAL_AT": "USR1:4",
+        "PATH": fake_scontrol(tmp_path / "bin", f'echo "$@" > {asked}'),
+    }
 
     def start(**more: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "resnorm_lm", *argv], cwd=REPO, env={**env, **more},
-                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "resnorm_lm", *argv],
+            cwd=REPO,
+            env={**env, **more},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     stopped = start()
     assert stopped.returncode == 143, stopped.stderr[-3000:]

@@ -23,8 +23,9 @@ from tests.smoke import default_sigint, write_corpus
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
-RUNS = {f"{recipe}/smoke-lr{lr}-wf0.33-seed1" for recipe in ("prenorm-12l", "postnorm-12l")
-        for lr in ("0.001", "0.003")}  # fmt: skip
+RUNS = {
+    f"{recipe}/smoke-lr{lr}-wf0.33-seed1" for recipe in ("prenorm-12l", "postnorm-12l") for lr in ("0.001", "0.003")
+}
 # measured wall-clock time: it differs between any two sweeps, whichever launcher ran them
 TIMED_COLUMNS = ("train_s", "tokens_per_s")
 
@@ -48,11 +49,32 @@ def site_config(tmp_path: Path, max_jobs: int) -> Path:
 
 
 def compare_argv(tmp_path: Path, corpus: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "resnorm_lm", "compare", "--recipes", "prenorm-12l", "postnorm-12l",
-            "--profile", "smoke", "--lrs", "1e-3", "3e-3", "--warmups", "0.33", "--seeds", "1",
-            "--root", str(tmp_path / "runs"), "--results", str(tmp_path / "results"),
-            "--train-args", f"--data.corpus=text --data.files=[{corpus}] --data.cache_dir={tmp_path / 'cache'} "
-                            "--trainer.enable_progress_bar=false", *extra]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "resnorm_lm",
+        "compare",
+        "--recipes",
+        "prenorm-12l",
+        "postnorm-12l",
+        "--profile",
+        "smoke",
+        "--lrs",
+        "1e-3",
+        "3e-3",
+        "--warmups",
+        "0.33",
+        "--seeds",
+        "1",
+        "--root",
+        str(tmp_path / "runs"),
+        "--results",
+        str(tmp_path / "results"),
+        "--train-args",
+        f"--data.corpus=text --data.files=[{corpus}] --data.cache_dir={tmp_path / 'cache'} "
+        "--trainer.enable_progress_bar=false",
+        *extra,
+    ]
 
 
 def environment(cluster: SlurmCluster) -> dict[str, str]:
@@ -106,8 +128,10 @@ def test_a_smoke_sweep_through_slurm_writes_the_tables_the_local_launcher_writes
     assert read_csv(slurm / "grid.csv") == read_csv(local / "grid.csv")
     assert read_csv(slurm / "compare.csv") == read_csv(local / "compare.csv")
     assert set(TIMED_COLUMNS) <= set(csv.DictReader((slurm / "compare.csv").open()).fieldnames)
-    untimed = [[line for line in (d / "compare.md").read_text().splitlines() if not line.startswith("Date: ")]
-               for d in (local, slurm)]  # fmt: skip
+    untimed = [
+        [line for line in (d / "compare.md").read_text().splitlines() if not line.startswith("Date: ")]
+        for d in (local, slurm)
+    ]
     assert untimed[0] == untimed[1] and len(untimed[0]) > 20
     again = run_compare(cluster, argv)  # everything finished: nothing submitted, the same tables
     assert "nothing to train" in again.stdout and "SLURM job" not in again.stdout
@@ -123,14 +147,22 @@ def test_compare_stopped_while_its_jobs_queue_and_run_again_submits_no_run_twice
     root = tmp_path / "runs"
     argv = compare_argv(tmp_path, corpus, "--launcher", "slurm", "--slurm-config", str(site_config(tmp_path, 2)))
     cpus = cluster.command("sinfo", "--noheader", "--format=%c").stdout.split()[0]
-    blocker = cluster.command("sbatch", "--parsable", f"--cpus-per-task={cpus}", "--output=/dev/null",
-                              "--wrap=sleep 600").stdout.strip()  # fmt: skip
+    blocker = cluster.command(
+        "sbatch", "--parsable", f"--cpus-per-task={cpus}", "--output=/dev/null", "--wrap=sleep 600"
+    ).stdout.strip()
     try:
         cluster.wait(blocker, lambda job: job["JobState"] == "RUNNING", timeout=60)
         # Ctrl-C as at a terminal: a shell starts a background command (CI's, say `bash .ci/run &`) with SIGINT
         # ignored, and Python then installs no KeyboardInterrupt handler, so compare would never see the signal
-        first = subprocess.Popen(argv, cwd=REPO, env=environment(cluster), stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True, preexec_fn=default_sigint)  # fmt: skip
+        first = subprocess.Popen(
+            argv,
+            cwd=REPO,
+            env=environment(cluster),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            preexec_fn=default_sigint,
+        )
         deadline = time.monotonic() + 300
         while sum(map(len, sweep_jobs(cluster, root).values())) < 2:
             assert first.poll() is None and time.monotonic() < deadline, first.communicate()[0][-3000:]
@@ -142,8 +174,9 @@ def test_compare_stopped_while_its_jobs_queue_and_run_again_submits_no_run_twice
         assert len(queued) == 2 and all(len(ids) == 1 for ids in queued.values()), queued
         assert all(cluster.job(ids[0])["JobState"] == "PENDING" for ids in queued.values())
 
-        second = subprocess.Popen(argv, cwd=REPO, env=environment(cluster), stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        second = subprocess.Popen(
+            argv, cwd=REPO, env=environment(cluster), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         held = ", ".join(sorted((ids[0] for ids in queued.values()), key=int))
         said = f"compare: SLURM: 4 runs to train: 2 already queued or running (job {held}), 2 to submit"
         lines = []

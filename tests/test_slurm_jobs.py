@@ -27,9 +27,14 @@ STEPS = 12
 SIGNAL_AFTER_STEP = 3  # a test signals a job once its run has reached this optimizer step
 # two micro-batches per optimizer step: a signal lands mid-window as often as not, and the save must wait for
 # the window's end; no periodic checkpoint before the signal's (every 100)
-TRAINING = ["--model.arch.n_layer=2", "--model.arch.dropout=0.1", f"--trainer.max_steps={STEPS}",
-            "--trainer.accumulate_grad_batches=2", "--trainer.val_check_interval=8",
-            "--run.checkpoint_every=100"]  # fmt: skip
+TRAINING = [
+    "--model.arch.n_layer=2",
+    "--model.arch.dropout=0.1",
+    f"--trainer.max_steps={STEPS}",
+    "--trainer.accumulate_grad_batches=2",
+    "--trainer.val_check_interval=8",
+    "--run.checkpoint_every=100",
+]
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +71,14 @@ def job_environment(setting: dict, root: Path, *args: str, **env: str) -> dict[s
     data = smoke_args(setting["corpus"], cache_dir=setting["tmp"] / "cache")[
         5:
     ]  # the corpus, cache and progress-bar options
-    return {"RECIPE": "prenorm-12l", "PROFILE": "smoke", "PYTHON": sys.executable, "PYTHONPATH": str(REPO),
-            "ARGS": " ".join([*data, f"--run.root={root}", *args]), **env}  # fmt: skip
+    return {
+        "RECIPE": "prenorm-12l",
+        "PROFILE": "smoke",
+        "PYTHON": sys.executable,
+        "PYTHONPATH": str(REPO),
+        "ARGS": " ".join([*data, f"--run.root={root}", *args]),
+        **env,
+    }
 
 
 def submit(cluster: SlurmCluster, log: Path, env: dict[str, str], *options: str) -> str:
@@ -88,8 +99,9 @@ def paced_job(cluster: SlurmCluster, setting: dict, tmp_path: Path) -> PacedJob:
     """A paced job submitted and running, once its run is past SIGNAL_AFTER_STEP."""
     root, probe, log = tmp_path / "runs", tmp_path / "probe", tmp_path / "job.out"
     probe.mkdir()
-    env = job_environment(setting, root, *TRAINING, "--trainer.callbacks+=tests.slurm_probe.PacedSteps",
-                          RESNORM_LM_PROBE_DIR=str(probe))  # fmt: skip
+    env = job_environment(
+        setting, root, *TRAINING, "--trainer.callbacks+=tests.slurm_probe.PacedSteps", RESNORM_LM_PROBE_DIR=str(probe)
+    )
     job = PacedJob(submit(cluster, log, env), env, run_dir(root), log)
 
     def past_the_step(state: dict[str, str]) -> bool:
@@ -124,9 +136,14 @@ def assert_same_as_uninterrupted(setting: dict, run: Path, stopped_at: int) -> N
 def test_two_ddp_tasks_under_srun_train_one_run(cluster, setting, tmp_path):
     root, probe, log = tmp_path / "runs", tmp_path / "probe", tmp_path / "job.out"
     probe.mkdir()
-    env = job_environment(setting, root, "--trainer.strategy=ddp", "--trainer.max_steps=4",
-                          "--trainer.callbacks+=tests.ddp_probe.RecordRankBatches",
-                          RESNORM_LM_PROBE_DIR=str(probe))  # fmt: skip
+    env = job_environment(
+        setting,
+        root,
+        "--trainer.strategy=ddp",
+        "--trainer.max_steps=4",
+        "--trainer.callbacks+=tests.ddp_probe.RecordRankBatches",
+        RESNORM_LM_PROBE_DIR=str(probe),
+    )
     job_id = submit(cluster, log, env, "--ntasks-per-node=2")
     job = cluster.wait_until_done(job_id, timeout=300, log=log)
     out = log.read_text()

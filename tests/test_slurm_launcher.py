@@ -37,8 +37,7 @@ class FakeSlurm:
     def add(self, state: str, run_dir: Path, code: str = "0:0") -> str:
         """A job that is already there (submitted by an earlier compare, or by hand)."""
         self.next_id += 1
-        self.jobs[str(self.next_id)] = {"state": state, "comment": str(run_dir), "options": {}, "env": {},
-                                        "code": code}  # fmt: skip
+        self.jobs[str(self.next_id)] = {"state": state, "comment": str(run_dir), "options": {}, "env": {}, "code": code}
         return str(self.next_id)
 
     def submitted(self) -> list[dict]:
@@ -63,8 +62,9 @@ class FakeSlurm:
             return subprocess.CompletedProcess(argv, 0, "".join(f"{line}\n" for line in lines), "")
         if command == "scontrol":
             job = self.jobs[args[-1]]
-            return subprocess.CompletedProcess(argv, 0, f"JobId={args[-1]} JobState={job['state']} "
-                                                        f"ExitCode={job['code']} Restarts=0\n", "")  # fmt: skip
+            return subprocess.CompletedProcess(
+                argv, 0, f"JobId={args[-1]} JobState={job['state']} ExitCode={job['code']} Restarts=0\n", ""
+            )
         raise AssertionError(f"not a SLURM command compare uses: {argv}")
 
     def tick(self, seconds: float) -> None:
@@ -77,8 +77,10 @@ class FakeSlurm:
                 run_dir.mkdir(parents=True, exist_ok=True)  # as fit makes it
                 if f"{run_dir.parent.name}/{run_dir.name}" in self.failing:
                     log = Path(job["options"]["output"].replace("%j", job_id))
-                    log.write_text("Traceback ...\nresnorm-lm: error: a broken setting\n"
-                                   f"resnorm-lm: SLURM job {job_id} failed (exit 2); the error is above\n")  # fmt: skip
+                    log.write_text(
+                        "Traceback ...\nresnorm-lm: error: a broken setting\n"
+                        f"resnorm-lm: SLURM job {job_id} failed (exit 2); the error is above\n"
+                    )
                     job.update(state="FAILED", code="2:0")
                 else:
                     (run_dir / "eval.json").write_text(json.dumps({"finished": True, "step": 4}))
@@ -89,8 +91,9 @@ def launcher(tmp_path: Path, slurm: FakeSlurm, **options) -> SlurmSweepTrainer:
     """The launcher on ``slurm``, its data preparation (the local launcher's, tested in test_sweep.py) recorded
     in ``prepared`` instead of done."""
     settings = {"max_jobs": 2, "poll_seconds": 5, "partition": "gpu", "time": "01:00:00", "cpus_per_run": 4, **options}
-    trainer = SlurmSweepTrainer("smoke", str(tmp_path / "runs"), EXTRA, SlurmOptions(**settings), SlurmQueue(slurm),
-                                sleep=slurm.tick)  # fmt: skip
+    trainer = SlurmSweepTrainer(
+        "smoke", str(tmp_path / "runs"), EXTRA, SlurmOptions(**settings), SlurmQueue(slurm), sleep=slurm.tick
+    )
     trainer.prepared = []
     trainer.prepare_data = lambda specs: trainer.prepared.append(list(specs))
     return trainer
@@ -143,11 +146,13 @@ def test_each_run_is_one_job_of_the_fit_command_the_local_launcher_runs_at_most_
     out = capsys.readouterr().out
     assert "compare: SLURM: 4 runs to train: 0 already queued or running, 4 to submit" in out
     progress = [line.removeprefix("compare: SLURM jobs: ") for line in out.splitlines() if "SLURM jobs:" in line]
-    assert progress == ["2 to submit, 2 queued, 0 running, 0 done, 0 failed",
-                        "2 to submit, 0 queued, 2 running, 0 done, 0 failed",
-                        "0 to submit, 2 queued, 0 running, 2 done, 0 failed",  # two ended: two more submitted
-                        "0 to submit, 0 queued, 2 running, 2 done, 0 failed",
-                        "0 to submit, 0 queued, 0 running, 4 done, 0 failed"]  # fmt: skip
+    assert progress == [
+        "2 to submit, 2 queued, 0 running, 0 done, 0 failed",
+        "2 to submit, 0 queued, 2 running, 0 done, 0 failed",
+        "0 to submit, 2 queued, 0 running, 2 done, 0 failed",  # two ended: two more submitted
+        "0 to submit, 0 queued, 2 running, 2 done, 0 failed",
+        "0 to submit, 0 queued, 0 running, 4 done, 0 failed",
+    ]
     assert out.count("compare: finished ") == 4 and "SLURM job 101 (log: " in out
 
 
@@ -156,8 +161,7 @@ def test_started_again_it_submits_only_runs_neither_finished_nor_queued_or_runni
     requeued one, one whose job was cancelled (it left last.ckpt), one never submitted."""
     slurm = FakeSlurm()
     trainer = launcher(tmp_path, slurm, max_jobs=10)
-    finished, running, requeued, cancelled, never = specs = [
-        *grid(), RunSpec("prenorm-12l", Setting(3e-3, 0.33), 1)]  # fmt: skip
+    finished, running, requeued, cancelled, never = specs = [*grid(), RunSpec("prenorm-12l", Setting(3e-3, 0.33), 1)]
     write_run(trainer, finished, finished=True)
     running_job = slurm.add("RUNNING", trainer.job_run_dir(running))
     requeued_job = slurm.add("PENDING", trainer.job_run_dir(requeued))
@@ -183,19 +187,24 @@ def test_started_again_it_submits_only_runs_neither_finished_nor_queued_or_runni
 
 
 def test_a_failed_job_is_reported_with_its_log_and_the_sweep_goes_on(tmp_path, capsys):
-    slurm = FakeSlurm(failing=("prenorm-12l/smoke-lr0.002-wf0.33-seed1",),
-                      refusing=("prenorm-12l/smoke-lr0.001-wf0.33-seed1",))  # fmt: skip
+    slurm = FakeSlurm(
+        failing=("prenorm-12l/smoke-lr0.002-wf0.33-seed1",), refusing=("prenorm-12l/smoke-lr0.001-wf0.33-seed1",)
+    )
     trainer = launcher(tmp_path, slurm)
     specs = grid(3)  # prenorm at lr 1e-3 (refused by sbatch), 2e-3 (fails), postnorm at 1e-3 (trains)
     trainer.train_all(specs)
     err = capsys.readouterr().err
     failed_dir = trainer.job_run_dir(specs[1])
     (failed_job,) = [i for i, job in slurm.jobs.items() if job["comment"] == str(failed_dir)]
-    assert (f"compare: FAILED prenorm-12l (smoke, lr 0.002, warmup 0.33, seed 1): SLURM job {failed_job} FAILED, exit "
-            f"code 2:0, its run unfinished; log: {failed_dir / f'slurm-{failed_job}.out'}") in err  # fmt: skip
+    assert (
+        f"compare: FAILED prenorm-12l (smoke, lr 0.002, warmup 0.33, seed 1): SLURM job {failed_job} FAILED, exit "
+        f"code 2:0, its run unfinished; log: {failed_dir / f'slurm-{failed_job}.out'}"
+    ) in err
     assert "    resnorm-lm: error: a broken setting" in err  # the log's last lines
-    assert "could not submit prenorm-12l (smoke, lr 0.001, warmup 0.33, seed 1): sbatch failed: sbatch: error: " \
-           "QOSMaxSubmitJobPerUserLimit" in err  # fmt: skip
+    assert (
+        "could not submit prenorm-12l (smoke, lr 0.001, warmup 0.33, seed 1): sbatch failed: sbatch: error: "
+        "QOSMaxSubmitJobPerUserLimit" in err
+    )
     assert (trainer.job_run_dir(specs[2]) / "eval.json").is_file()  # the sweep went on
     assert len(slurm.submitted()) == 2
     trainer.train_all(specs[:2])  # a later round of the same compare: not submitted again
@@ -237,10 +246,18 @@ def test_job_environment_drops_the_slurm_variables_of_an_enclosing_job(tmp_path,
 def test_gpus_per_run_follow_the_profile_unless_given_and_each_gpu_is_a_task():
     assert SlurmOptions().sbatch_options(gpus=0) == ["--ntasks-per-node=1"]
     options = SlurmOptions(cpus_per_run=16, account="mylab", sbatch_args=("--qos=normal", "--mem=0"))
-    assert options.sbatch_options(gpus=4) == ["--ntasks-per-node=4", "--gres=gpu:4", "--cpus-per-task=4",
-                                              "--account=mylab", "--qos=normal", "--mem=0"]  # fmt: skip
-    on = {profile: SlurmSweepTrainer(profile, "runs", [], SlurmOptions(), SlurmQueue(FakeSlurm())).gpus
-          for profile in ("smoke", "cpu", "gpu")}  # fmt: skip
+    assert options.sbatch_options(gpus=4) == [
+        "--ntasks-per-node=4",
+        "--gres=gpu:4",
+        "--cpus-per-task=4",
+        "--account=mylab",
+        "--qos=normal",
+        "--mem=0",
+    ]
+    on = {
+        profile: SlurmSweepTrainer(profile, "runs", [], SlurmOptions(), SlurmQueue(FakeSlurm())).gpus
+        for profile in ("smoke", "cpu", "gpu")
+    }
     assert on == {"smoke": 0, "cpu": 0, "gpu": 1}
     assert SlurmSweepTrainer("gpu", "runs", [], SlurmOptions(gpus_per_run=2), SlurmQueue(FakeSlurm())).gpus == 2
     with pytest.raises(SlurmError, match="cannot hold spaces: '--run.root=my runs'"):
@@ -249,12 +266,16 @@ def test_gpus_per_run_follow_the_profile_unless_given_and_each_gpu_is_a_task():
 
 def test_the_site_config_file_then_the_command_line(tmp_path, monkeypatch):
     site = tmp_path / "site.yaml"
-    site.write_text('partition: gpu\ntime: "04:00:00"\ngpus_per_run: 1\ncpus_per_run: 8\nmax_jobs: 50\n'
-                    'sbatch_args: ["--qos=normal"]\n')  # fmt: skip
-    args = compare.parse_args(["--launcher", "slurm", "--slurm-config", str(site), "--slurm-max-jobs", "3",
-                               "--slurm-partition", "debug"])  # fmt: skip
-    assert args.slurm == SlurmOptions(partition="debug", time="04:00:00", gpus_per_run=1, cpus_per_run=8,
-                                      max_jobs=3, sbatch_args=("--qos=normal",))  # fmt: skip
+    site.write_text(
+        'partition: gpu\ntime: "04:00:00"\ngpus_per_run: 1\ncpus_per_run: 8\nmax_jobs: 50\n'
+        'sbatch_args: ["--qos=normal"]\n'
+    )
+    args = compare.parse_args(
+        ["--launcher", "slurm", "--slurm-config", str(site), "--slurm-max-jobs", "3", "--slurm-partition", "debug"]
+    )
+    assert args.slurm == SlurmOptions(
+        partition="debug", time="04:00:00", gpus_per_run=1, cpus_per_run=8, max_jobs=3, sbatch_args=("--qos=normal",)
+    )
     monkeypatch.setenv("RESNORM_LM_SLURM_CONFIG", str(site))  # the documented places, when none is named
     assert compare.parse_args(["--launcher", "slurm"]).slurm.max_jobs == 50
     monkeypatch.delenv("RESNORM_LM_SLURM_CONFIG")
@@ -298,8 +319,13 @@ def test_slurm_options_need_the_slurm_launcher(tmp_path, capsys):
 
 def test_make_compare_passes_its_launcher_to_compare():
     def dry_run(*variables: str) -> str:  # make -n: the commands, not run
-        return subprocess.run(["make", "-n", "compare", "RECIPES=prenorm-12l", *variables], cwd=REPO_ROOT,
-                              capture_output=True, text=True, timeout=60).stdout  # fmt: skip
+        return subprocess.run(
+            ["make", "-n", "compare", "RECIPES=prenorm-12l", *variables],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
 
     assert "--jobs 1 --launcher local" in dry_run()
     assert "--jobs 1 --launcher slurm" in dry_run("LAUNCHER=slurm")

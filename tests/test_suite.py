@@ -24,10 +24,22 @@ UNIGRAM = 6.4
 
 
 def suite_file(tmp_path: Path, **changes) -> Path:
-    raw = {"about": "a test suite", "design": "tuned", "profile": "smoke", "recipes": ["a-12l", "b-12l"],
-           "reference": "a-12l", "train": {"trainer.max_steps": 6},
-           "budget": {"lrs": LRS, "warmups": [0.1, 0.3], "selection_seed": 0, "extensions": 2,
-                      "seeds": [1, 2, 3, 4, 5], "runner_up_seeds": [1, 2]}}  # fmt: skip
+    raw = {
+        "about": "a test suite",
+        "design": "tuned",
+        "profile": "smoke",
+        "recipes": ["a-12l", "b-12l"],
+        "reference": "a-12l",
+        "train": {"trainer.max_steps": 6},
+        "budget": {
+            "lrs": LRS,
+            "warmups": [0.1, 0.3],
+            "selection_seed": 0,
+            "extensions": 2,
+            "seeds": [1, 2, 3, 4, 5],
+            "runner_up_seeds": [1, 2],
+        },
+    }
     raw.update(changes)
     path = tmp_path / "suite.yaml"
     path.write_text(yaml.safe_dump({k: v for k, v in raw.items() if v is not None}))
@@ -58,8 +70,9 @@ def outcomes_for(design: TunedBudget, recipe: str, loss_at, seeds=None) -> dict[
 
 
 def bowl(best_lr: float, best_warmup: float = 0.3):
-    return lambda s, seed: 5.0 + 0.1 * math.log2(s.lr / best_lr) ** 2 + (0 if s.warmup == best_warmup else 0.05) \
-        + 0.001 * seed  # fmt: skip
+    return lambda s, seed: (
+        5.0 + 0.1 * math.log2(s.lr / best_lr) ** 2 + (0 if s.warmup == best_warmup else 0.05) + 0.001 * seed
+    )
 
 
 def test_every_suite_in_the_repository_loads(recipes):
@@ -72,20 +85,25 @@ def test_every_suite_in_the_repository_loads(recipes):
     assert SeedPilot(pilot).max_runs == 13 and len(SeedPilot(pilot).plan({})) == 26
 
 
-@pytest.mark.parametrize("change, said", [
-    ({"budgets": {}}, "unknown key(s) budgets; a suite file has: about"),
-    ({"profile": None}, "`profile` is missing"),
-    ({"recipes": ["a-12l", "nothing-12l"]}, "unknown recipe 'nothing-12l'"),
-    ({"reference": "c-12l"}, "reference 'c-12l' is not one of its recipes"),
-    ({"design": "random"}, "unknown suite design 'random'; valid suite designs: seeds, tuned"),
-    ({"train": {"model.optim.lr": 0.1}}, "model.optim.lr is set by the design for each run"),
-    ({"arithmetic": "fast"}, "arithmetic 'fast': one of portable, native"),
-    ({"budget": {"lrs": LRS, "warmups": [0.1], "seeds": [0, 1], "runner_up_seeds": [1]}},
-     "the selection seed 0 must not be one of the fresh seeds"),
-    ({"budget": {"lrs": LRS, "warmups": [1.5], "seeds": [1], "runner_up_seeds": [1]}}, "fractions of the run"),
-    ({"budget": {"lrs": LRS, "warmups": [0.1], "seeds": [1], "runner_up_seeds": [2]}}, "a subset of budget.seeds"),
-    ({"budget": {"lrs": [1e-3, 2e-3], "warmups": [0.1], "seeds": [1], "runner_up_seeds": [1]}}, "at least three"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "change, said",
+    [
+        ({"budgets": {}}, "unknown key(s) budgets; a suite file has: about"),
+        ({"profile": None}, "`profile` is missing"),
+        ({"recipes": ["a-12l", "nothing-12l"]}, "unknown recipe 'nothing-12l'"),
+        ({"reference": "c-12l"}, "reference 'c-12l' is not one of its recipes"),
+        ({"design": "random"}, "unknown suite design 'random'; valid suite designs: seeds, tuned"),
+        ({"train": {"model.optim.lr": 0.1}}, "model.optim.lr is set by the design for each run"),
+        ({"arithmetic": "fast"}, "arithmetic 'fast': one of portable, native"),
+        (
+            {"budget": {"lrs": LRS, "warmups": [0.1], "seeds": [0, 1], "runner_up_seeds": [1]}},
+            "the selection seed 0 must not be one of the fresh seeds",
+        ),
+        ({"budget": {"lrs": LRS, "warmups": [1.5], "seeds": [1], "runner_up_seeds": [1]}}, "fractions of the run"),
+        ({"budget": {"lrs": LRS, "warmups": [0.1], "seeds": [1], "runner_up_seeds": [2]}}, "a subset of budget.seeds"),
+        ({"budget": {"lrs": [1e-3, 2e-3], "warmups": [0.1], "seeds": [1], "runner_up_seeds": [1]}}, "at least three"),
+    ],
+)
 def test_a_malformed_suite_file_is_refused_with_what_to_write(tmp_path, recipes, change, said):
     with pytest.raises(SuiteError) as err:
         load(str(suite_file(tmp_path, **change)))
@@ -125,18 +143,35 @@ def test_a_recipe_that_diverges_everywhere_gets_no_seeds(tmp_path, recipes):
     assert len(runs) == 8 and sel.complete and sel.pick is None and sel.extensions == []
 
 
-def fake_run(root: Path, spec: RunSpec, val: float | None, *, test: float | None = None, reference="r1",
-             model="m1", machine="CPU X") -> RunOutcome:  # fmt: skip
+def fake_run(
+    root: Path,
+    spec: RunSpec,
+    val: float | None,
+    *,
+    test: float | None = None,
+    reference="r1",
+    model="m1",
+    machine="CPU X",
+) -> RunOutcome:
     """A finished run directory as a suite's run leaves it (eval.json, manifest), and its outcome."""
     run_dir = spec.run_dir(str(root), "smoke")
     run_dir.mkdir(parents=True)
-    summary = {"finished": True, "step": 6, "val_loss": val, "val_bpb": None if val is None else val / 2,
-               "diverged": val is None}  # fmt: skip
+    summary = {
+        "finished": True,
+        "step": 6,
+        "val_loss": val,
+        "val_bpb": None if val is None else val / 2,
+        "diverged": val is None,
+    }
     if test is not None:
         summary["eval"] = {"step": 6, "precision": "32-true", "trained_precision": "32-true", "test": {"loss": test}}
     (run_dir / "eval.json").write_text(json.dumps(summary))
-    arithmetic = {"precision": "32-true", "torch": "2.13", "portable": True,
-                  "fingerprint": {"version": 1, "reference": reference, "model": model}}  # fmt: skip
+    arithmetic = {
+        "precision": "32-true",
+        "torch": "2.13",
+        "portable": True,
+        "fingerprint": {"version": 1, "reference": reference, "model": model},
+    }
     segment = {"arithmetic": arithmetic, "hardware": {"cpu": machine}, "code_revision": "abc"}
     (run_dir / "manifest.json").write_text(json.dumps({**segment, "segments": [segment]}))
     return RunOutcome(spec, val, diverged=val is None)
@@ -197,16 +232,20 @@ def test_runs_from_before_fingerprints_are_known_by_machine_precision_and_torch(
     for k, cpu in ((1, "EPYC"), (2, "EPYC"), (3, "Xeon")):
         run_dir = tmp_path / f"run{k}"
         run_dir.mkdir()
-        (run_dir / "manifest.json").write_text(json.dumps({"hardware": {"cpu": cpu}, "precision": "32-true",
-                                                           "packages": {"torch": "2.13"}}))  # fmt: skip
+        (run_dir / "manifest.json").write_text(
+            json.dumps({"hardware": {"cpu": cpu}, "precision": "32-true", "packages": {"torch": "2.13"}})
+        )
         dirs.append(("a-12l", run_dir))
     assert table_provenance(dirs[:2]).problems() == []
     assert "EPYC / 32-true / torch 2.13" in table_provenance(dirs).problems()[0]
 
 
 def test_the_seed_pilot_separates_the_init_from_the_data_order(tmp_path, recipes):
-    pilot = {"settings": {"a-12l": {"lr": 4e-3, "warmup": 0.25}, "b-12l": {"lr": 1e-3, "warmup": 0.5}},
-             "seeds": [1, 2, 3], "fixed_seed": 1}  # fmt: skip
+    pilot = {
+        "settings": {"a-12l": {"lr": 4e-3, "warmup": 0.25}, "b-12l": {"lr": 1e-3, "warmup": 0.5}},
+        "seeds": [1, 2, 3],
+        "fixed_seed": 1,
+    }
     design = SeedPilot(load(str(suite_file(tmp_path, design="seeds", budget=None, pilot=pilot))))
     cells = design.cells("a-12l")
     assert [(s.seed, s.init_seed, s.data_seed) for s in cells["init"]] == [(1, None, None), (2, None, 1), (3, None, 1)]
@@ -223,14 +262,35 @@ def test_the_seed_pilot_separates_the_init_from_the_data_order(tmp_path, recipes
 def test_a_tiny_suite_trains_resumes_and_never_trains_a_finished_run_twice(tmp_path, fits_in_this_process):
     corpus = write_learnable_corpus(tmp_path / "corpus")
     path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump({
-        "about": "tiny", "design": "tuned", "profile": "smoke", "recipes": ["prenorm-12l", "postnorm-12l"],
-        "reference": "prenorm-12l", "arithmetic": "native",
-        "train": {"trainer.max_steps": 60, "trainer.val_check_interval": 60, "model.optim.schedule": "wsd",
-                  "data.corpus": "text", "data.files": [corpus], "data.cache_dir": str(tmp_path / "cache"),
-                  "trainer.enable_progress_bar": False},
-        "budget": {"lrs": [1e-5, 3e-3, 1e-2], "warmups": [0.2], "selection_seed": 0, "extensions": 1,
-                   "seeds": [1, 2], "runner_up_seeds": [1]}}))  # fmt: skip
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "about": "tiny",
+                "design": "tuned",
+                "profile": "smoke",
+                "recipes": ["prenorm-12l", "postnorm-12l"],
+                "reference": "prenorm-12l",
+                "arithmetic": "native",
+                "train": {
+                    "trainer.max_steps": 60,
+                    "trainer.val_check_interval": 60,
+                    "model.optim.schedule": "wsd",
+                    "data.corpus": "text",
+                    "data.files": [corpus],
+                    "data.cache_dir": str(tmp_path / "cache"),
+                    "trainer.enable_progress_bar": False,
+                },
+                "budget": {
+                    "lrs": [1e-5, 3e-3, 1e-2],
+                    "warmups": [0.2],
+                    "selection_seed": 0,
+                    "extensions": 1,
+                    "seeds": [1, 2],
+                    "runner_up_seeds": [1],
+                },
+            }
+        )
+    )
     args = ["suite", str(path), "--root", str(tmp_path / "runs"), "--results", str(tmp_path / "results"), "--jobs", "1"]
     first = run_cli_captured(args)
     assert first.returncode == 0, first.stderr[-3000:]

@@ -57,11 +57,17 @@ def test_grid_expansion_tags_and_overrides():
 
 
 def test_validation_picks_by_mean_over_seeds_and_a_setting_with_a_diverged_seed_is_not_picked():
-    sel = select("postnorm-12l", outcomes("postnorm-12l", {
-        (5e-4, 0.2): [5.40, 5.42, 5.41],
-        (1e-3, 0.2): [5.30, 5.50, 5.34],  # mean 5.38: best by mean, not by its best seed
-        (2e-3, 0.2): [5.10, None, 5.12],  # lowest losses, but one seed diverged
-    }))  # fmt: skip
+    sel = select(
+        "postnorm-12l",
+        outcomes(
+            "postnorm-12l",
+            {
+                (5e-4, 0.2): [5.40, 5.42, 5.41],
+                (1e-3, 0.2): [5.30, 5.50, 5.34],  # mean 5.38: best by mean, not by its best seed
+                (2e-3, 0.2): [5.10, None, 5.12],  # lowest losses, but one seed diverged
+            },
+        ),
+    )
     assert sel.chosen.setting == Setting(1e-3, 0.2)
     assert sel.chosen.mean == pytest.approx(5.38)
     assert sel.lr_edge is None  # 1e-3 lies inside the grid
@@ -77,8 +83,14 @@ def test_lr_at_the_edge_of_the_grid_is_flagged():
 
 def test_a_warmup_at_the_edge_is_flagged_and_each_axis_is_read_along_the_chosen_row():
     # a 2-D grid as swept in stages: every lr at warmup 0.2, then two lrs at 0.4 and one at 0.8
-    grid = {(5e-4, 0.2): [5.6], (1e-3, 0.2): [5.3], (2e-3, 0.2): [6.4], (4e-3, 0.2): [6.4],
-            (1e-3, 0.4): [5.2], (2e-3, 0.4): [5.1]}  # fmt: skip
+    grid = {
+        (5e-4, 0.2): [5.6],
+        (1e-3, 0.2): [5.3],
+        (2e-3, 0.2): [6.4],
+        (4e-3, 0.2): [6.4],
+        (1e-3, 0.4): [5.2],
+        (2e-3, 0.4): [5.1],
+    }
     top = select("x", outcomes("x", grid))
     assert top.chosen.setting == Setting(2e-3, 0.4)
     assert top.lr_edge == "highest"  # the highest lr run at warmup 0.4, though not of the whole grid
@@ -138,9 +150,18 @@ def test_the_sweep_runs_until_the_pick_has_every_seed_and_a_short_pick_is_flagge
 
     lrs = [1e-3, 2e-3, 3e-3, 4e-3, 5e-3, 6e-3]
     trainer = ScriptedTrainer(tmp_path, "smoke", lambda lr, seed: 1.0 + lr * 10 + (1.0 if seed > 1 else 0.0))
-    args = SimpleNamespace(recipes=["prenorm-12l"], lrs=lrs, warmups=None, grid_seeds=[1], seeds=[1, 2, 3],
-                           no_train=False, root=str(tmp_path), depths=None, lrs_at={},
-                           eval_precision="run")  # fmt: skip
+    args = SimpleNamespace(
+        recipes=["prenorm-12l"],
+        lrs=lrs,
+        warmups=None,
+        grid_seeds=[1],
+        seeds=[1, 2, 3],
+        no_train=False,
+        root=str(tmp_path),
+        depths=None,
+        lrs_at={},
+        eval_precision="run",
+    )
     selections, runs = run_sweep(args, "smoke", trainer)
     chosen = selections[Arm("prenorm-12l")].chosen
     assert chosen.setting.lr == 1e-3 and len(chosen.losses) == 3
@@ -239,8 +260,11 @@ def test_a_tiny_sweep_interrupted_then_finished_picks_on_validation_and_tests_on
     for run_dir in runs.iterdir():  # test evaluated at the chosen setting only
         evaluation = json.loads((run_dir / "eval.json").read_text())["eval"]
         assert ("test" in evaluation) == ("lr0.003" in run_dir.name), run_dir.name
-    assert sorted(p.name for p in runs.iterdir()) == ["smoke-lr0.003-wf0.33-seed1", "smoke-lr0.003-wf0.33-seed2",
-                                                      "smoke-lr1e-05-wf0.33-seed1"]  # fmt: skip
+    assert sorted(p.name for p in runs.iterdir()) == [
+        "smoke-lr0.003-wf0.33-seed1",
+        "smoke-lr0.003-wf0.33-seed2",
+        "smoke-lr1e-05-wf0.33-seed1",
+    ]
     tuned = tmp_path / "results" / "smoke" / "tuned" / "prenorm-12l.yaml"  # the pick, ready for recipes/tuned/
     optim = {"lr": 3e-3, "schedule": "cosine", "warmup_fraction": 0.33}
     assert yaml.safe_load(tuned.read_text()) == {"model": {"optim": optim}}
@@ -298,16 +322,39 @@ def test_a_stopped_compare_saves_its_runs_at_a_step_and_starts_no_other(tmp_path
     stop, the run not yet started never starts, and compare exits with 128 + the signal once they have, its runs
     left unfinished for the same command to resume. After ``kill -9`` the kernel stops the runs the same way."""
     corpus = write_learnable_corpus(tmp_path / "corpus")
-    argv = [sys.executable, "-m", "resnorm_lm", "compare", "--recipes", "prenorm-12l", "--profile", "smoke",
-            "--lrs", "1e-3", "2e-3", "3e-3", "--warmups", "0.33", "--seeds", "1", "--jobs", str(jobs),
-            "--root", str(tmp_path / "runs"), "--results", str(tmp_path / "results"),
-            "--train-args", f"--data.corpus=text --data.files=[{corpus}] --data.cache_dir={tmp_path / 'cache'} "
-                            "--trainer.enable_progress_bar=false --trainer.max_steps=100000 "
-                            "--run.checkpoint_every=1"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "resnorm_lm",
+        "compare",
+        "--recipes",
+        "prenorm-12l",
+        "--profile",
+        "smoke",
+        "--lrs",
+        "1e-3",
+        "2e-3",
+        "3e-3",
+        "--warmups",
+        "0.33",
+        "--seeds",
+        "1",
+        "--jobs",
+        str(jobs),
+        "--root",
+        str(tmp_path / "runs"),
+        "--results",
+        str(tmp_path / "results"),
+        "--train-args",
+        f"--data.corpus=text --data.files=[{corpus}] --data.cache_dir={tmp_path / 'cache'} "
+        "--trainer.enable_progress_bar=false --trainer.max_steps=100000 "
+        "--run.checkpoint_every=1",
+    ]
     runs = [tmp_path / "runs" / "prenorm-12l" / f"smoke-lr{lr}-wf0.33-seed1" for lr in ("0.001", "0.002", "0.003")]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    compare = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               preexec_fn=default_sigint)  # fmt: skip
+    compare = subprocess.Popen(
+        argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=default_sigint
+    )
     try:
         deadline = time.monotonic() + 240
         while sum((run / "checkpoints" / "last.ckpt").is_file() for run in runs) < jobs:  # training: a step done
@@ -366,15 +413,30 @@ def test_parallel_compare_prepares_the_data_once_before_the_jobs_start(tmp_path,
     ("recipe", "profile", "extra", "expected"),
     [
         ("prenorm-12l", "smoke", [], {"vocab_size": 512, "block_size": 32}),  # the profile's
-        ("deepnorm-24l", "gpu", ["--data.vocab_size=1024", "--data.batch_size", "8"],
-         {"vocab_size": 1024, "batch_size": 8}),
-        ("postnorm-12l-nowarmup", "cpu", ["--data.corpus=text", "--data.files=[a/*.txt]", "--config", "EXTRA",
-                                          "--data.seed=7", "--trainer.max_steps=3"],
-         {"corpus": "text", "files": ["a/*.txt"], "seed": 7, "block_size": 48}),
+        (
+            "deepnorm-24l",
+            "gpu",
+            ["--data.vocab_size=1024", "--data.batch_size", "8"],
+            {"vocab_size": 1024, "batch_size": 8},
+        ),
+        (
+            "postnorm-12l-nowarmup",
+            "cpu",
+            [
+                "--data.corpus=text",
+                "--data.files=[a/*.txt]",
+                "--config",
+                "EXTRA",
+                "--data.seed=7",
+                "--trainer.max_steps=3",
+            ],
+            {"corpus": "text", "files": ["a/*.txt"], "seed": 7, "block_size": 48},
+        ),
     ],
-)  # fmt: skip
-def test_the_data_compare_prepares_is_the_data_print_config_resolves(recipe, profile, extra, expected, tmp_path,
-                                                                     capsys):  # fmt: skip
+)
+def test_the_data_compare_prepares_is_the_data_print_config_resolves(
+    recipe, profile, extra, expected, tmp_path, capsys
+):
     """compare prepares its jobs' data from ``data_settings``, which reads the fit command's config files and
     --data options without building the CLI: the real CLI's --print_config is the reference."""
     from resnorm_lm.analysis.data_settings import data_settings
@@ -396,13 +458,21 @@ def test_compare_hardware_pairs_the_same_runs_of_two_machines(tmp_path):
         ev = {"eval": {"validation": {"loss": loss}}} if loss is not None else {}
         (d / "eval.json").write_text(json.dumps({"diverged": diverged, **ev}))
 
-    for name, a, b in (("cpu-lr0.001-wu200-seed1", 5.30, 5.31), ("cpu-lr0.002-wu200-seed1", 5.10, 5.07),
-                       ("cpu-lr0.004-wu200-seed1", 6.42, 5.40)):  # fmt: skip
+    for name, a, b in (
+        ("cpu-lr0.001-wu200-seed1", 5.30, 5.31),
+        ("cpu-lr0.002-wu200-seed1", 5.10, 5.07),
+        ("cpu-lr0.004-wu200-seed1", 6.42, 5.40),
+    ):
         run("one", name, a)
         run("two", name, b)
     run("one", "cpu-lr0.008-wu200-seed1", 5.0)  # only on one machine: not a pair
-    proc = subprocess.run([sys.executable, "benchmarks/compare_hardware.py", str(tmp_path / "one"),
-                           str(tmp_path / "two")], cwd=REPO, capture_output=True, text=True, timeout=60)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/compare_hardware.py", str(tmp_path / "one"), str(tmp_path / "two")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "cpu-lr0.008" not in proc.stdout and "+1.020" not in proc.stdout and "-1.020" in proc.stdout
     assert "2 pairs where both learn: |diff| median 0.0200, largest 0.0300 nats" in proc.stdout

@@ -224,9 +224,15 @@ def test_resume_at_a_data_epoch_boundary_is_exact(tmp_path, smoke_corpus):
 def test_ddp_two_gloo_ranks_train_disjoint_data_to_identical_weights(tmp_path, smoke_corpus):
     probe = tmp_path / "probe"
     probe.mkdir()
-    args = smoke_args(smoke_corpus, f"--run.root={tmp_path / 'runs'}", "--trainer.devices=2",
-                      "--trainer.strategy=ddp", "--trainer.max_steps=4", "--model.arch.dropout=0.1",
-                      "--trainer.callbacks+=tests.ddp_probe.RecordRankBatches")  # fmt: skip
+    args = smoke_args(
+        smoke_corpus,
+        f"--run.root={tmp_path / 'runs'}",
+        "--trainer.devices=2",
+        "--trainer.strategy=ddp",
+        "--trainer.max_steps=4",
+        "--model.arch.dropout=0.1",
+        "--trainer.callbacks+=tests.ddp_probe.RecordRankBatches",
+    )
     proc = resnorm_lm_process(args, timeout=240, RESNORM_LM_PROBE_DIR=str(probe))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "RESULT " in proc.stdout
@@ -334,16 +340,21 @@ def test_a_variant_takes_its_bases_tuned_setting_and_every_run_says_where_its_lr
 
     configs, args, err = run("r-12l-rms")  # no overlay of its own: its base's
     assert configs[-1] == str(root / "tuned/cpu/r-12l.yaml")
-    assert "r-12l-rms has no tuned setting at the cpu profile; it takes its base r-12l's: lr 0.001, " \
-           "warmup_fraction 0.4 (recipes/tuned/cpu/r-12l.yaml)" in err  # fmt: skip
+    assert (
+        "r-12l-rms has no tuned setting at the cpu profile; it takes its base r-12l's: lr 0.001, "
+        "warmup_fraction 0.4 (recipes/tuned/cpu/r-12l.yaml)" in err
+    )
     assert "--run.tuned_overlay=recipes/tuned/cpu/r-12l.yaml" in args
     (root / "tuned" / "cpu" / "r-12l-rms.yaml").write_text("model: {optim: {lr: 4.0e-3}}\n")
     configs, args, err = run("r-12l-rms")  # its own, once a sweep wrote it
     assert configs[-1] == str(root / "tuned/cpu/r-12l-rms.yaml") and "tuned setting of r-12l-rms" in err
     configs, args, err = run("lonely-12l", "--model.optim.lr=5e-4")  # neither: said, and the override too
     assert configs == [str(root / "profiles/cpu.yaml"), str(root / "lonely-12l.yaml")]
-    assert "lonely-12l has no tuned setting at the cpu profile: its LR and warmup are the profile's untuned " \
-           "defaults" in err and "the command line sets model.optim.lr" in err  # fmt: skip
+    assert (
+        "lonely-12l has no tuned setting at the cpu profile: its LR and warmup are the profile's untuned defaults"
+        in err
+        and "the command line sets model.optim.lr" in err
+    )
     assert "--run.tuned_overlay=none" in args
     with pytest.raises(RecipeError, match="unknown recipe 'nothing-12l'"):
         run("orphan-12l")
@@ -360,8 +371,10 @@ def test_every_variant_in_the_repository_names_a_base_that_exists_and_a_run_reco
     assert bases["rezero-12l-paper"] == "rezero-12l" and bases["resi_dual-12l-paper"] == "resi_dual-12l"
     assert bases["sandwich-12l-paper"] == "sandwich-12l"
     assert bases["b2t-12l-paper"] is None  # its paper's own recipe: no base, its own LR and warmup, said so
-    assert tuned_setting("b2t-12l-paper", "gpu") == (None, "b2t-12l-paper has no tuned setting at the gpu profile: "
-                                                     "it sets its own lr 0.001, warmup_fraction 0.08")  # fmt: skip
+    assert tuned_setting("b2t-12l-paper", "gpu") == (
+        None,
+        "b2t-12l-paper has no tuned setting at the gpu profile: it sets its own lr 0.001, warmup_fraction 0.08",
+    )
     overlay, said = tuned_setting("b2t-12l-paper", "cpu")  # its own grid's pick, where it has been swept
     assert overlay.name == "b2t-12l-paper.yaml" and said.startswith("tuned setting of b2t-12l-paper at the cpu")
     for variant in (r for r in bases if r.endswith("-xavier")):

@@ -33,8 +33,11 @@ def inputs(rows, n, dtype, bias, seed=0):
 
 def torch_add_norm(x, d, w, b, is_rms):
     s = x + d
-    y = F.rms_norm(s, s.shape[-1:], w.to(s.dtype), 1e-5) if is_rms else F.layer_norm(s, s.shape[-1:], w.to(
-        s.dtype), None if b is None else b.to(s.dtype), 1e-5)  # fmt: skip
+    y = (
+        F.rms_norm(s, s.shape[-1:], w.to(s.dtype), 1e-5)
+        if is_rms
+        else F.layer_norm(s, s.shape[-1:], w.to(s.dtype), None if b is None else b.to(s.dtype), 1e-5)
+    )
     return s, y
 
 
@@ -83,8 +86,9 @@ def test_inductor_launches_the_kernels_and_keeps_dynamic_shapes(placement):
     from resnorm_lm.model.gpt import GPT, GPTConfig
 
     torch.manual_seed(0)
-    cfg = GPTConfig(vocab_size=101, block_size=64, n_layer=2, n_head=2, n_embd=64, placement=placement,
-                    norm_backend="triton")  # fmt: skip
+    cfg = GPTConfig(
+        vocab_size=101, block_size=64, n_layer=2, n_head=2, n_embd=64, placement=placement, norm_backend="triton"
+    )
     model = GPT(cfg).cuda()
     compiled = torch.compile(model)
     torch._dynamo.reset()

@@ -173,16 +173,24 @@ def test_kernel_benchmark_smoke_under_the_interpreter():
 
     root = Path(__file__).resolve().parents[1]
     env = {**__import__("os").environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run([sys.executable, "benchmarks/bench_kernels.py"], cwd=root, env=env, capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/bench_kernels.py"], cwd=root, env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "max |diff| vs torch" in proc.stdout
     env.pop("TRITON_INTERPRET")
-    proc = subprocess.run([sys.executable, "benchmarks/bench_kernels.py"], cwd=root, env=env, capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/bench_kernels.py"], cwd=root, env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0 and "no CUDA GPU" in proc.stdout
-    proc = subprocess.run([sys.executable, "benchmarks/bench_kernels.py", "--python-overhead", "--repeats", "1"],
-                          cwd=root, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/bench_kernels.py", "--python-overhead", "--repeats", "1"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     for path in ("fast path", "custom op", "torch eager"):
         assert proc.stdout.count(path) == 2, proc.stdout  # forward, forward + backward: figures, not asserted
@@ -207,8 +215,9 @@ def test_custom_operators_pass_opcheck():
 def test_torch_compile_traces_the_fused_kernels_with_dynamic_shapes(placement):
     """Compiled as one graph (fullgraph), then called with new batch shapes, as evaluation and generation
     do: the crash of issue 13 (Dynamo tracing the Triton launch with symbolic sizes) cannot come back."""
-    cfg = GPTConfig(vocab_size=101, block_size=16, n_layer=2, n_head=2, n_embd=32, placement=placement,
-                    norm_backend="triton")  # fmt: skip
+    cfg = GPTConfig(
+        vocab_size=101, block_size=16, n_layer=2, n_head=2, n_embd=32, placement=placement, norm_backend="triton"
+    )
     torch.manual_seed(0)
     model = GPT(cfg)
     compiled = torch.compile(model, backend="aot_eager", dynamic=True, fullgraph=True)
@@ -268,8 +277,9 @@ def probe():
 
     root = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "tests/triton_op_probe.py"], cwd=root, env=env, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "tests/triton_op_probe.py"], cwd=root, env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.splitlines()[-1])
 

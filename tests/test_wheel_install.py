@@ -36,18 +36,42 @@ def test_a_wheel_installed_into_a_fresh_venv_trains_the_smoke_profile_outside_th
             shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy(REPO / name, source / name)
-    run(sys.executable, "-m", "pip", "--isolated", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-        "--wheel-dir", tmp_path / "dist", source, cwd=tmp_path)  # fmt: skip
+    run(
+        sys.executable,
+        "-m",
+        "pip",
+        "--isolated",
+        "wheel",
+        "--no-deps",
+        "--no-build-isolation",
+        "--no-index",
+        "--wheel-dir",
+        tmp_path / "dist",
+        source,
+        cwd=tmp_path,
+    )
     (wheel,) = (tmp_path / "dist").glob("resnorm_lm-*.whl")
 
     venv = tmp_path / "venv"
     run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp_path)
     python = venv / "bin" / "python"
-    site_packages = Path(run(python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))", cwd=tmp_path)
-                         .stdout.strip())  # fmt: skip
+    site_packages = Path(
+        run(python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))", cwd=tmp_path).stdout.strip()
+    )
     (site_packages / "dependencies.pth").write_text("\n".join(site.getsitepackages()) + "\n")
-    run(sys.executable, "-m", "pip", "--isolated", "--python", python, "install", "--no-deps", "--no-index", wheel,
-        cwd=tmp_path)  # fmt: skip
+    run(
+        sys.executable,
+        "-m",
+        "pip",
+        "--isolated",
+        "--python",
+        python,
+        "install",
+        "--no-deps",
+        "--no-index",
+        wheel,
+        cwd=tmp_path,
+    )
 
     work = tmp_path / "elsewhere"
     work.mkdir()
@@ -60,9 +84,19 @@ def test_a_wheel_installed_into_a_fresh_venv_trains_the_smoke_profile_outside_th
     assert shipped == sorted(p.relative_to(REPO / "recipes").as_posix() for p in (REPO / "recipes").rglob("*.yaml"))
     assert not (site_packages / "recipes").exists()
 
-    done = run(venv / "bin" / "resnorm-lm", "fit", "--recipe", "prenorm-12l", "--profile", "smoke",
-               "--data.corpus=text", f"--data.files=[{smoke_corpus}]", "--trainer.enable_progress_bar=false",
-               cwd=work, env=env)  # fmt: skip
+    done = run(
+        venv / "bin" / "resnorm-lm",
+        "fit",
+        "--recipe",
+        "prenorm-12l",
+        "--profile",
+        "smoke",
+        "--data.corpus=text",
+        f"--data.files=[{smoke_corpus}]",
+        "--trainer.enable_progress_bar=false",
+        cwd=work,
+        env=env,
+    )
     assert "RESULT run=runs/prenorm-12l/smoke-seed1 step=6 " in done.stdout, done.stdout[-2000:]
     assert (work / "runs" / "prenorm-12l" / "smoke-seed1" / "checkpoints" / "last.ckpt").is_file()
     manifest = json.loads((work / "runs" / "prenorm-12l" / "smoke-seed1" / "manifest.json").read_text())

@@ -24,8 +24,9 @@ def relative_error(a: torch.Tensor, b: torch.Tensor, floor: float = 1e-30) -> fl
     return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(floor)).item()
 
 
-def noise_floor(path: torch.Tensor, exact: torch.Tensor, dtype: torch.dtype, floor: float = 1e-30,
-                terms: int = 1) -> float:  # fmt: skip
+def noise_floor(
+    path: torch.Tensor, exact: torch.Tensor, dtype: torch.dtype, floor: float = 1e-30, terms: int = 1
+) -> float:
     """The error a reference ``path`` in ``dtype`` makes against ``exact``, and never below the error of
     rounding the exact answer to ``dtype``, nor below sqrt(``terms``) unit roundoffs: the typical error of a sum
     of ``terms`` numbers, which a path that sums in another order (another CPU's vector width) makes even where
@@ -34,8 +35,15 @@ def noise_floor(path: torch.Tensor, exact: torch.Tensor, dtype: torch.dtype, flo
     return max(relative_error(path, exact, floor), rounding, terms**0.5 * unit_roundoff(dtype))
 
 
-def assert_within_noise(got: torch.Tensor, path: torch.Tensor, exact: torch.Tensor, what: str = "",
-                        floor: float = 1e-30, factor: float = FACTOR, terms: int = 1) -> None:  # fmt: skip
+def assert_within_noise(
+    got: torch.Tensor,
+    path: torch.Tensor,
+    exact: torch.Tensor,
+    what: str = "",
+    floor: float = 1e-30,
+    factor: float = FACTOR,
+    terms: int = 1,
+) -> None:
     """``got`` is within ``factor`` x the reference path's own error of the exact answer (``terms``: how many
     numbers each entry of it sums)."""
     err = relative_error(got, exact, floor)

@@ -42,9 +42,24 @@ def backward_ttir() -> str:
 
     rows, n = 64, 768
     t = lambda *shape: torch.empty(*shape, device="meta")  # noqa: E731
-    kwargs = dict(DY=t(rows, n), DS=t(rows, n), S=t(rows, n), W=t(n), Mean=t(rows), Rstd=t(rows), DX=t(rows, n),
-                  DW=t(4, n), DB=t(4, n), M=rows, N=n,
-                  BLOCK_M=4, BLOCK_N=1024, IS_RMS=False, HAS_DS=True, HAS_BIAS=True)  # fmt: skip
+    kwargs = dict(
+        DY=t(rows, n),
+        DS=t(rows, n),
+        S=t(rows, n),
+        W=t(n),
+        Mean=t(rows),
+        Rstd=t(rows),
+        DX=t(rows, n),
+        DW=t(4, n),
+        DB=t(4, n),
+        M=rows,
+        N=n,
+        BLOCK_M=4,
+        BLOCK_N=1024,
+        IS_RMS=False,
+        HAS_DS=True,
+        HAS_BIAS=True,
+    )
     return str(generate_ttir(_add_norm_bwd, kwargs, {})[0])
 
 
@@ -62,8 +77,12 @@ def trace(autotuned: bool) -> list[str]:
         return make_boxed_func(gm)
 
     # Inductor's own decompositions and partitioner, with the graphs captured instead of compiled
-    backend = aot_autograd(fw_compiler=capture, bw_compiler=capture, decompositions=select_decomp_table(),
-                           partition_fn=min_cut_rematerialization_partition)  # fmt: skip
+    backend = aot_autograd(
+        fw_compiler=capture,
+        bw_compiler=capture,
+        decompositions=select_decomp_table(),
+        partition_fn=min_cut_rematerialization_partition,
+    )
     compiled = torch.compile(block, backend=backend, dynamic=True, fullgraph=True)
     w, b = (torch.empty(48, device="meta", requires_grad=True) for _ in range(2))
     for rows in (8, 5, 13):  # a new row count must reuse the graphs (symbolic grid), not recompile

@@ -29,12 +29,22 @@ from resnorm_lm.model.placements import PLACEMENTS
 from resnorm_lm.train.diagnostics import StreamRMS, per_layer_grad_norms
 
 
-def measure(placement: str, init: str, n_layer: int, seed: int, width: int, batch: int, length: int,
-            vocab: int) -> tuple[list[float], list[float]]:  # fmt: skip
+def measure(
+    placement: str, init: str, n_layer: int, seed: int, width: int, batch: int, length: int, vocab: int
+) -> tuple[list[float], list[float]]:
     """Per block (block 0 first): the gradient norm of its matrices and the stream's RMS after it, at init."""
     torch.manual_seed(seed)
-    model = GPT(GPTConfig(vocab_size=vocab, block_size=length, n_layer=n_layer, n_head=max(1, width // 32),
-                          n_embd=width, placement=placement, init=init))  # fmt: skip
+    model = GPT(
+        GPTConfig(
+            vocab_size=vocab,
+            block_size=length,
+            n_layer=n_layer,
+            n_head=max(1, width // 32),
+            n_embd=width,
+            placement=placement,
+            init=init,
+        )
+    )
     tokens = torch.Generator().manual_seed(1000 + seed)
     idx = torch.randint(0, vocab, (batch, length + 1), generator=tokens)  # (B, T + 1)
     stream = StreamRMS(model)
@@ -53,12 +63,22 @@ def rows_for(placements: list[str], inits: list[str], depths: list[int], seeds: 
             for depth in depths:
                 runs = [measure(placement, init, depth, seed, **shape) for seed in seeds]
                 for block in range(depth):
-                    rows.append({"placement": placement, "init": init, "n_layer": depth, "block": block,
-                                 "grad_norm": statistics.mean(r[0][block] for r in runs),
-                                 "stream_rms": statistics.mean(r[1][block] for r in runs)})  # fmt: skip
+                    rows.append(
+                        {
+                            "placement": placement,
+                            "init": init,
+                            "n_layer": depth,
+                            "block": block,
+                            "grad_norm": statistics.mean(r[0][block] for r in runs),
+                            "stream_rms": statistics.mean(r[1][block] for r in runs),
+                        }
+                    )
                 done += 1
-                print(f"at-init: {done}/{total} {placement} {init} {depth} blocks "
-                      f"({time.time() - started:.0f} s)", file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"at-init: {done}/{total} {placement} {init} {depth} blocks ({time.time() - started:.0f} s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
     return rows
 
 
@@ -69,11 +89,19 @@ def summary(rows: list[dict]) -> list[dict]:
     for placement, init, depth in keys:
         mine = [r for r in rows if (r["placement"], r["init"], r["n_layer"]) == (placement, init, depth)]
         first, last = mine[0], mine[-1]
-        out.append({"placement": placement, "init": init, "blocks": depth,
-                    "grad first": f"{first['grad_norm']:.3g}", "grad last": f"{last['grad_norm']:.3g}",
-                    "grad last/first": ratio(last["grad_norm"], first["grad_norm"]),
-                    "stream RMS first": f"{first['stream_rms']:.3g}", "stream RMS last": f"{last['stream_rms']:.3g}",
-                    "RMS last/first": ratio(last["stream_rms"], first["stream_rms"])})  # fmt: skip
+        out.append(
+            {
+                "placement": placement,
+                "init": init,
+                "blocks": depth,
+                "grad first": f"{first['grad_norm']:.3g}",
+                "grad last": f"{last['grad_norm']:.3g}",
+                "grad last/first": ratio(last["grad_norm"], first["grad_norm"]),
+                "stream RMS first": f"{first['stream_rms']:.3g}",
+                "stream RMS last": f"{last['stream_rms']:.3g}",
+                "RMS last/first": ratio(last["stream_rms"], first["stream_rms"]),
+            }
+        )
     return out
 
 
@@ -95,16 +123,18 @@ def plot(rows: list[dict], key: str, ylabel: str, path: Path) -> Path:
 
     inits = sorted({r["init"] for r in rows})
     depths = sorted({r["n_layer"] for r in rows})
-    fig, axes = plt.subplots(len(inits), len(depths), figsize=(3.6 * len(depths), 3.2 * len(inits)), dpi=90,
-                             squeeze=False, sharey="row")  # fmt: skip
+    fig, axes = plt.subplots(
+        len(inits), len(depths), figsize=(3.6 * len(depths), 3.2 * len(inits)), dpi=90, squeeze=False, sharey="row"
+    )
     colors = recipe_colors(r["placement"] for r in rows)
     for i, init in enumerate(inits):
         for j, depth in enumerate(depths):
             ax = axes[i][j]
             for placement in sorted({r["placement"] for r in rows}):
                 mine = [r for r in rows if (r["placement"], r["init"], r["n_layer"]) == (placement, init, depth)]
-                ax.plot([r["block"] for r in mine], [r[key] for r in mine], color=colors[placement], lw=1,
-                        label=placement)  # fmt: skip
+                ax.plot(
+                    [r["block"] for r in mine], [r[key] for r in mine], color=colors[placement], lw=1, label=placement
+                )
             ax.set(title=f"{init} init, {depth} blocks", yscale="log", xlabel="block (0: input side)")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             if j == 0:
@@ -118,11 +148,13 @@ def write_outputs(rows: list[dict], out: Path, command: str, args: argparse.Name
     out.mkdir(parents=True, exist_ok=True)
     write_csv_atomic(out / "at_init.csv", rows)
     with atomic_write(out / "at_init.md", "w") as f:
-        f.write(f"# Every placement at initialization\n\n`{command}`\n\n"
-                f"Width {args.width}, {args.batch} x {args.length} random tokens of {args.vocab}, mean of seeds "
-                f"{', '.join(map(str, args.seeds))}. Gradient norm: of each block's weight matrices after one "
-                "backward pass; stream RMS: of the residual stream leaving each block (ResiDual: its dual "
-                "stream).\n\n")  # fmt: skip
+        f.write(
+            f"# Every placement at initialization\n\n`{command}`\n\n"
+            f"Width {args.width}, {args.batch} x {args.length} random tokens of {args.vocab}, mean of seeds "
+            f"{', '.join(map(str, args.seeds))}. Gradient norm: of each block's weight matrices after one "
+            "backward pass; stream RMS: of the residual stream leaving each block (ResiDual: its dual "
+            "stream).\n\n"
+        )
         f.write(markdown_table(summary(rows)))
     plot(rows, "grad_norm", "||grad W|| of the block", out / "at_init_grad_norms.png")
     plot(rows, "stream_rms", "stream RMS after the block", out / "at_init_stream_rms.png")
@@ -142,8 +174,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if any(d < 1 for d in args.depths) or args.width < 1 or args.batch < 1 or args.length < 1:
         parser.error("depths, width, batch and length must be positive")
-    rows = rows_for(args.placements, args.inits, args.depths, args.seeds, width=args.width, batch=args.batch,
-                    length=args.length, vocab=args.vocab)  # fmt: skip
+    rows = rows_for(
+        args.placements,
+        args.inits,
+        args.depths,
+        args.seeds,
+        width=args.width,
+        batch=args.batch,
+        length=args.length,
+        vocab=args.vocab,
+    )
     command = "python -m resnorm_lm at-init " + " ".join(argv if argv is not None else sys.argv[1:])
     write_outputs(rows, args.out, command.strip(), args)
     print(f"at-init: wrote at_init.csv, at_init.md and two figures to {args.out}")

@@ -59,12 +59,17 @@ class BlockRatio:
 
 
 def table(ratios: list[BlockRatio], metric: str, above: float) -> str:
-    lines = [f"{metric}, last block over first:", "",
-             f"| run | first logged step | peak (step) | logged steps above {above:g} | last logged step |",
-             "|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"{metric}, last block over first:",
+        "",
+        f"| run | first logged step | peak (step) | logged steps above {above:g} | last logged step |",
+        "|---|---|---|---|---|",
+    ]
     for r in ratios:
-        lines.append(f"| {r.run} | {r.first:.2f} | {r.peak:.2f} ({r.peak_step}) | {r.steps_above} of "
-                     f"{r.logged_steps} | {r.last:.2f} |")  # fmt: skip
+        lines.append(
+            f"| {r.run} | {r.first:.2f} | {r.peak:.2f} ({r.peak_step}) | {r.steps_above} of "
+            f"{r.logged_steps} | {r.last:.2f} |"
+        )
     return "\n".join(lines)
 
 

@@ -57,51 +57,93 @@ from resnorm_lm.train.precision import PrecisionError
 from resnorm_lm.train.recipes import RecipeError, recipe_depth, recipe_path, resolve_profile
 
 TWELVE_LAYER_PLACEMENTS = [
-    "prenorm-12l", "postnorm-12l", "sandwich-12l", "deepnorm-12l", "rezero-12l",
-    "mixln-12l", "lns-12l", "b2t-12l", "resi_dual-12l", "noresidual-12l",
-]  # fmt: skip
+    "prenorm-12l",
+    "postnorm-12l",
+    "sandwich-12l",
+    "deepnorm-12l",
+    "rezero-12l",
+    "mixln-12l",
+    "lns-12l",
+    "b2t-12l",
+    "resi_dual-12l",
+    "noresidual-12l",
+]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="resnorm-lm compare", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="resnorm-lm compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--recipes", nargs="+", default=TWELVE_LAYER_PLACEMENTS)
     parser.add_argument("--profile", default="auto")
     parser.add_argument(
         "--lrs", nargs="*", type=float, default=None, help="peak learning rates (default: the recipe's)"
     )
-    parser.add_argument("--warmups", nargs="*", type=float, default=None,
-                        help="warmups as fractions of the run, model.optim.warmup_fraction "
-                             "(default: the recipe's)")  # fmt: skip
+    parser.add_argument(
+        "--warmups",
+        nargs="*",
+        type=float,
+        default=None,
+        help="warmups as fractions of the run, model.optim.warmup_fraction (default: the recipe's)",
+    )
     parser.add_argument("--seeds", nargs="+", type=int, default=[1], help="seeds at each chosen setting")
-    parser.add_argument("--grid-seeds", nargs="+", type=int, default=None,
-                        help="seeds across the whole grid (default: the first of --seeds)")  # fmt: skip
+    parser.add_argument(
+        "--grid-seeds",
+        nargs="+",
+        type=int,
+        default=None,
+        help="seeds across the whole grid (default: the first of --seeds)",
+    )
     parser.add_argument(
         "--jobs", type=int, default=1, help="runs trained at once (one GPU each where there are enough)"
     )
-    parser.add_argument("--launcher", choices=["local", "slurm"], default="local",
-                        help="local: fit subprocesses on this machine, --jobs at a time; slurm: each run a SLURM job "
-                             "(docs/cluster.md)")  # fmt: skip
+    parser.add_argument(
+        "--launcher",
+        choices=["local", "slurm"],
+        default="local",
+        help="local: fit subprocesses on this machine, --jobs at a time; slurm: each run a SLURM job (docs/cluster.md)",
+    )
     add_slurm_args(parser)
     parser.add_argument("--root", default="runs", help="where the runs live")
     parser.add_argument("--results", default="results", help="where tables and plots go: <results>/<profile>/")
     parser.add_argument("--no-train", action="store_true", help="only evaluate and tabulate runs that exist")
     parser.add_argument("--train-args", default="", help="extra LightningCLI overrides for the training runs")
-    parser.add_argument("--depths", nargs="+", type=int, default=None,
-                        help="numbers of blocks (--model.arch.n_layer): each recipe at each depth is its own "
-                             "tuned comparison; a recipe's own depth keeps its run directories")  # fmt: skip
-    parser.add_argument("--lrs-at", nargs="+", default=[], metavar="DEPTH=LR,LR,...",
-                        help="the LR grid at one depth in place of --lrs, e.g. 48=2.5e-4,5e-4,1e-3 "
-                             "(with --depths)")  # fmt: skip
-    parser.add_argument("--contribution-tokens", type=int, default=DEFAULT_TOKENS,
-                        help="validation tokens on which the layer contribution is measured at the picks (with "
-                             f"--depths; default {DEFAULT_TOKENS}; 0: not measured)")  # fmt: skip
-    parser.add_argument("--mix-provenance", action="store_true",
-                        help="render runs of different arithmetic (fingerprints: docs/comparing.md) in one table, "
-                             "each row marked with its provenance (refused otherwise)")  # fmt: skip
-    parser.add_argument("--eval-precision", default=RUN, choices=PRECISIONS, metavar="PRECISION",
-                        help="run (default): evaluate each run at the precision it trained with; 32-true: fp32; "
-                             "auto: this machine's fastest; or any Lightning precision")  # fmt: skip
+    parser.add_argument(
+        "--depths",
+        nargs="+",
+        type=int,
+        default=None,
+        help="numbers of blocks (--model.arch.n_layer): each recipe at each depth is its own "
+        "tuned comparison; a recipe's own depth keeps its run directories",
+    )
+    parser.add_argument(
+        "--lrs-at",
+        nargs="+",
+        default=[],
+        metavar="DEPTH=LR,LR,...",
+        help="the LR grid at one depth in place of --lrs, e.g. 48=2.5e-4,5e-4,1e-3 (with --depths)",
+    )
+    parser.add_argument(
+        "--contribution-tokens",
+        type=int,
+        default=DEFAULT_TOKENS,
+        help="validation tokens on which the layer contribution is measured at the picks (with "
+        f"--depths; default {DEFAULT_TOKENS}; 0: not measured)",
+    )
+    parser.add_argument(
+        "--mix-provenance",
+        action="store_true",
+        help="render runs of different arithmetic (fingerprints: docs/comparing.md) in one table, "
+        "each row marked with its provenance (refused otherwise)",
+    )
+    parser.add_argument(
+        "--eval-precision",
+        default=RUN,
+        choices=PRECISIONS,
+        metavar="PRECISION",
+        help="run (default): evaluate each run at the precision it trained with; 32-true: fp32; "
+        "auto: this machine's fastest; or any Lightning precision",
+    )
     args = parser.parse_args(argv)
     args.lrs = args.lrs or None
     args.warmups = args.warmups or None
@@ -127,15 +169,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-SLURM_ARGS = {"partition": "slurm_partition", "account": "slurm_account", "time": "slurm_time",
-              "gpus_per_run": "slurm_gpus", "cpus_per_run": "slurm_cpus", "max_jobs": "slurm_max_jobs"}  # fmt: skip
+SLURM_ARGS = {
+    "partition": "slurm_partition",
+    "account": "slurm_account",
+    "time": "slurm_time",
+    "gpus_per_run": "slurm_gpus",
+    "cpus_per_run": "slurm_cpus",
+    "max_jobs": "slurm_max_jobs",
+}
 
 
 def add_slurm_args(parser: argparse.ArgumentParser) -> None:
     slurm = parser.add_argument_group("with --launcher slurm (defaults from the site's config file; docs/cluster.md)")
-    slurm.add_argument("--slurm-config", metavar="YAML",
-                       help=f"the site's defaults (default: ${CONFIG_ENV}, else ~/.config/resnorm-lm/slurm.yaml "
-                            "where it exists)")  # fmt: skip
+    slurm.add_argument(
+        "--slurm-config",
+        metavar="YAML",
+        help=f"the site's defaults (default: ${CONFIG_ENV}, else ~/.config/resnorm-lm/slurm.yaml where it exists)",
+    )
     slurm.add_argument("--slurm-partition", metavar="NAME", help="the partition each job asks for")
     slurm.add_argument("--slurm-account", metavar="NAME", help="the account each job is billed to")
     slurm.add_argument("--slurm-time", metavar="TIME", help="each job's time limit, e.g. 04:00:00")
@@ -160,8 +210,11 @@ def check_slurm_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     given = {name: getattr(args, dest) for name, dest in SLURM_ARGS.items()}
     args.slurm = None
     if args.launcher != "slurm":
-        named = [f"--{dest.replace('_', '-')}" for dest in [*SLURM_ARGS.values(), "slurm_config"] if
-                 getattr(args, dest) is not None]  # fmt: skip
+        named = [
+            f"--{dest.replace('_', '-')}"
+            for dest in [*SLURM_ARGS.values(), "slurm_config"]
+            if getattr(args, dest) is not None
+        ]
         if named:
             parser.error(f"{', '.join(named)}: only with --launcher slurm")
         return
@@ -267,8 +320,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"resnorm-lm compare: error: {err}", file=sys.stderr)
         return 2
     rank = depth_sort_key if args.depths else sort_key
-    table = sorted((recipe_row(sel, runs, unigram, len(args.seeds), args.eval_precision)
-                    for sel in selections.values()), key=rank)  # fmt: skip
+    table = sorted(
+        (recipe_row(sel, runs, unigram, len(args.seeds), args.eval_precision) for sel in selections.values()), key=rank
+    )
     if len(provenance.labels) > 1:  # a mixed table, asked for: each row says where its runs come from
         for row in table:
             row["provenance"] = provenance.row_mark(row["recipe"])
@@ -281,12 +335,15 @@ def main(argv: list[str] | None = None) -> int:
     write_tuned_overlays(table, grid, out_dir / "tuned", profile, command, hardware, own_depths)
     plot_comparison(selections, runs, grid, unigram, out_dir, bool(args.depths), bool(args.lrs or args.lrs_at))
     if args.depths:
-        written = write_depth_results(selections, runs, table, grid, unigram, out_dir, command,
-                                      args.contribution_tokens)  # fmt: skip
+        written = write_depth_results(
+            selections, runs, table, grid, unigram, out_dir, command, args.contribution_tokens
+        )
         print(f"compare: the depth axis: wrote {', '.join(written)}")
     print("\n" + report)
-    print(f"compare: wrote {out_dir}/compare.md, compare.csv, grid.csv, plots and tuned/<recipe>.yaml (copy one "
-          f"into recipes/tuned/{profile}/ to make it the default) in {time.time() - started:.0f} s")  # fmt: skip
+    print(
+        f"compare: wrote {out_dir}/compare.md, compare.csv, grid.csv, plots and tuned/<recipe>.yaml (copy one "
+        f"into recipes/tuned/{profile}/ to make it the default) in {time.time() - started:.0f} s"
+    )
     return 0
 
 

@@ -19,8 +19,22 @@ from resnorm_lm.data.cache import atomic_write, write_csv_atomic
 
 def depth_rows(table: list[dict]) -> list[dict]:
     """depth.csv: each (recipe, depth) at its pick, with its size and the tokens it saw per parameter."""
-    keys = ["recipe", "n_layer", "params", "tokens", "lr", "warmup", "lr_edge", "warmup_edge", "n_seeds",
-            "val_loss_mean", "val_loss_std", "test_loss_mean", "test_loss_std", "status"]  # fmt: skip
+    keys = [
+        "recipe",
+        "n_layer",
+        "params",
+        "tokens",
+        "lr",
+        "warmup",
+        "lr_edge",
+        "warmup_edge",
+        "n_seeds",
+        "val_loss_mean",
+        "val_loss_std",
+        "test_loss_mean",
+        "test_loss_std",
+        "status",
+    ]
     rows = []
     for r in sorted(table, key=lambda r: (r["recipe"], r.get("n_layer") or 0)):
         row = {k: r.get(k) for k in keys}
@@ -32,12 +46,18 @@ def depth_rows(table: list[dict]) -> list[dict]:
 def depth_markdown(rows: list[dict], unigram: float | None, command: str) -> str:
     """depth.md: validation loss at each pick, a recipe per line and a depth per column, and the sizes."""
     depths = sorted({r["n_layer"] for r in rows if r.get("n_layer")})
-    lines = ["# Depth: each recipe tuned at each depth", "", f"Command: `{command}`", "",
-             "Validation loss at each (recipe, depth)'s own chosen LR (mean ± std over the seeds at the pick), "
-             "and the LR. Every depth trains on the same tokens, so a deeper model has more parameters per "
-             f"token. Unigram reference: {num(unigram, None)} nats.", "",
-             "| recipe | " + " | ".join(f"depth {d}" for d in depths) + " |",
-             "|---" * (len(depths) + 1) + "|"]  # fmt: skip
+    lines = [
+        "# Depth: each recipe tuned at each depth",
+        "",
+        f"Command: `{command}`",
+        "",
+        "Validation loss at each (recipe, depth)'s own chosen LR (mean ± std over the seeds at the pick), "
+        "and the LR. Every depth trains on the same tokens, so a deeper model has more parameters per "
+        f"token. Unigram reference: {num(unigram, None)} nats.",
+        "",
+        "| recipe | " + " | ".join(f"depth {d}" for d in depths) + " |",
+        "|---" * (len(depths) + 1) + "|",
+    ]
     for recipe in dict.fromkeys(r["recipe"] for r in rows):
         cells = []
         for depth in depths:
@@ -60,16 +80,19 @@ def depth_markdown(rows: list[dict], unigram: float | None, command: str) -> str
         if at:
             params = sorted({r["params"] for r in at})
             span = f"{params[0]:,}" + (f"-{params[-1]:,}" if len(params) > 1 else "")
-            sizes.append(f"{depth} blocks: {span} parameters, {at[0]['tokens']:,} tokens "
-                         f"({at[0]['tokens'] / params[-1]:.2f} tokens per parameter)")  # fmt: skip
+            sizes.append(
+                f"{depth} blocks: {span} parameters, {at[0]['tokens']:,} tokens "
+                f"({at[0]['tokens'] / params[-1]:.2f} tokens per parameter)"
+            )
     if sizes:
         lines += ["", "Sizes (parameters counted once, embeddings included; tokens seen in training):", ""]
         lines += [f"- {line}" for line in sizes]
     return "\n".join(lines) + "\n"
 
 
-def contribution_rows(picked: dict[tuple[str, int], list[tuple[RunSpec, Path]]],
-                      n_tokens: int) -> tuple[list[dict], list[str]]:  # fmt: skip
+def contribution_rows(
+    picked: dict[tuple[str, int], list[tuple[RunSpec, Path]]], n_tokens: int
+) -> tuple[list[dict], list[str]]:
     """layer_contribution.csv: a row per (recipe, depth, seed, block), measured on the runs at the picks;
     and the runs that could not be measured (no checkpoint and no cached measurement)."""
     from resnorm_lm.analysis.layer_contribution import run_contribution
@@ -83,9 +106,19 @@ def contribution_rows(picked: dict[tuple[str, int], list[tuple[RunSpec, Path]]],
                 continue
             per_block = zip(record["skipped_loss"], record["loss_increase"], record["angular_distance"])
             for layer, (skipped, increase, angle) in enumerate(per_block):
-                rows.append({"recipe": recipe, "n_layer": n_layer, "seed": spec.seed, "layer": layer,
-                             "tokens": record["tokens"], "loss": record["loss"], "loss_skipped": skipped,
-                             "loss_increase": increase, "angular_distance": angle})  # fmt: skip
+                rows.append(
+                    {
+                        "recipe": recipe,
+                        "n_layer": n_layer,
+                        "seed": spec.seed,
+                        "layer": layer,
+                        "tokens": record["tokens"],
+                        "loss": record["loss"],
+                        "loss_skipped": skipped,
+                        "loss_increase": increase,
+                        "angular_distance": angle,
+                    }
+                )
     return rows, missing
 
 
@@ -96,18 +129,21 @@ def contribution_markdown(rows: list[dict]) -> str:
     """layer_contribution.md: per (recipe, depth), means over seeds of the per-block numbers, summarised by
     the first and last quarter of the blocks (every block's numbers are in the CSV)."""
     tokens = sorted({r["tokens"] for r in rows})
-    lines = ["# Layer contribution at the chosen runs", "",
-             "Per block l: the validation loss increase when block l is skipped (its output replaced by its input; "
-             "LNS arXiv 2502.05795 and Mix-LN arXiv 2412.13795 measure the drop when one layer is removed), and "
-             "the angular distance between its input and output, (1/pi) arccos(cos_sim(x_l, x_{l+1})) averaged "
-             "over tokens (Gromov et al. 2024, arXiv 2403.17887). ResiDual: skipping passes both streams on; the "
-             "distance is on its post-norm stream. Measured on the first "
-             f"{', '.join(f'{t:,}' for t in tokens)} validation tokens, at the final weights of each seed at the "
-             "pick; means over the seeds. First / last quarter: the mean over the first / last ceil(L/4) blocks.",
-             "",
-             "| recipe | blocks | seeds | loss | Δloss first quarter | Δloss last quarter | largest Δloss (block) | "
-             "angle first quarter | angle last quarter | blocks under 0.01 nats |",
-             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "# Layer contribution at the chosen runs",
+        "",
+        "Per block l: the validation loss increase when block l is skipped (its output replaced by its input; "
+        "LNS arXiv 2502.05795 and Mix-LN arXiv 2412.13795 measure the drop when one layer is removed), and "
+        "the angular distance between its input and output, (1/pi) arccos(cos_sim(x_l, x_{l+1})) averaged "
+        "over tokens (Gromov et al. 2024, arXiv 2403.17887). ResiDual: skipping passes both streams on; the "
+        "distance is on its post-norm stream. Measured on the first "
+        f"{', '.join(f'{t:,}' for t in tokens)} validation tokens, at the final weights of each seed at the "
+        "pick; means over the seeds. First / last quarter: the mean over the first / last ceil(L/4) blocks.",
+        "",
+        "| recipe | blocks | seeds | loss | Δloss first quarter | Δloss last quarter | largest Δloss (block) | "
+        "angle first quarter | angle last quarter | blocks under 0.01 nats |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for (recipe, n_layer), mine in sorted(group_rows(rows, ("recipe", "n_layer")).items()):
         seeds = sorted({r["seed"] for r in mine})
         layers, increase = block_means(mine, "loss_increase")
@@ -116,17 +152,32 @@ def contribution_markdown(rows: list[dict]) -> str:
         worst = max(range(len(layers)), key=lambda i: increase[i])
         loss = statistics.fmean(r["loss"] for r in mine if r["layer"] == 0)
         near_identity = sum(v < NEAR_IDENTITY_NATS for v in increase)
-        cells = [recipe, str(n_layer), str(len(seeds)), f"{loss:.3f}", f"{statistics.fmean(increase[:q]):.3f}",
-                 f"{statistics.fmean(increase[-q:]):.3f}", f"{increase[worst]:.3f} ({layers[worst]})",
-                 f"{statistics.fmean(angle[:q]):.3f}", f"{statistics.fmean(angle[-q:]):.3f}",
-                 f"{near_identity}/{len(layers)}"]  # fmt: skip
+        cells = [
+            recipe,
+            str(n_layer),
+            str(len(seeds)),
+            f"{loss:.3f}",
+            f"{statistics.fmean(increase[:q]):.3f}",
+            f"{statistics.fmean(increase[-q:]):.3f}",
+            f"{increase[worst]:.3f} ({layers[worst]})",
+            f"{statistics.fmean(angle[:q]):.3f}",
+            f"{statistics.fmean(angle[-q:]):.3f}",
+            f"{near_identity}/{len(layers)}",
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def write_depth_results(selections: dict[Arm, Selection], runs: dict[RunSpec, Path], table: list[dict],
-                        grid: list[dict], unigram: float | None, out_dir: Path, command: str,
-                        contribution_tokens: int) -> list[str]:  # fmt: skip
+def write_depth_results(
+    selections: dict[Arm, Selection],
+    runs: dict[RunSpec, Path],
+    table: list[dict],
+    grid: list[dict],
+    unigram: float | None,
+    out_dir: Path,
+    command: str,
+    contribution_tokens: int,
+) -> list[str]:
     """depth.md/.csv, depth_loss.png, depth_lr.png, stability_map.png, depth_grad_norms.png and the layer
     contribution (md, csv, png) at the picks; returns the names written."""
     from resnorm_lm.analysis import plots
@@ -151,9 +202,11 @@ def write_depth_results(selections: dict[Arm, Selection], runs: dict[RunSpec, Pa
         print(f"compare: layer contribution of {sum(map(len, picked.values()))} run(s) at the picks", flush=True)
         contribution, missing = contribution_rows(picked, contribution_tokens)
         if missing:
-            print(f"compare: layer contribution: {len(missing)} run(s) have neither a checkpoint nor a cached "
-                  f"measurement and are left out: {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"compare: layer contribution: {len(missing)} run(s) have neither a checkpoint nor a cached "
+                f"measurement and are left out: {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}",
+                file=sys.stderr,
+            )
         if contribution:
             with atomic_write(out_dir / "layer_contribution.md", "w") as f:
                 f.write(contribution_markdown(contribution))

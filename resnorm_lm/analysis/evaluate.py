@@ -61,9 +61,17 @@ def eval_precision(requested: str, trained_with: str | None, cuda: bool) -> Prec
 
 def evaluate_run(run: LoadedRun, splits: list[str], precision: str, devices: int, progress: bool = True) -> dict:
     """Every token of each split exactly once (non-overlapping windows, the tail included)."""
-    trainer = Trainer(accelerator="auto", devices=devices, precision=precision, logger=False,
-                        enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=progress,
-                        limit_val_batches=1.0, limit_test_batches=1.0)  # fmt: skip
+    trainer = Trainer(
+        accelerator="auto",
+        devices=devices,
+        precision=precision,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=progress,
+        limit_val_batches=1.0,
+        limit_test_batches=1.0,
+    )
     dm = run.datamodule  # set up by load_run, on the data the run trained on
     out: dict[str, Any] = {}
     for split in splits:
@@ -125,8 +133,18 @@ def comparability_notes(groups: list[list[dict[str, Any]]]) -> list[str]:
 
 def format_table(rows: list[dict[str, Any]], split: str, token_ppl: bool = True) -> str:
     """Runs ranked by bits per byte (diverged last); ``token_ppl`` only where they share a tokenizer."""
-    cols = ["run", "step", "params", "tokens", "eval_precision", f"{split}_ppl", f"{split}_bpb", f"{split}_word_ppl",
-            "tokens_per_s", "diverged"]  # fmt: skip
+    cols = [
+        "run",
+        "step",
+        "params",
+        "tokens",
+        "eval_precision",
+        f"{split}_ppl",
+        f"{split}_bpb",
+        f"{split}_word_ppl",
+        "tokens_per_s",
+        "diverged",
+    ]
     if not token_ppl:
         cols.remove(f"{split}_ppl")
     rows = sorted(rows, key=lambda r: (bool(r.get("diverged")), r.get(f"{split}_bpb", math.inf)))
@@ -159,8 +177,14 @@ def flatten(name: str, facts: dict[str, Any], results: dict[str, Any]) -> dict[s
     return row
 
 
-def evaluate_paths(paths: list[str], splits: list[str], precision: str = RUN, devices: int = 1,
-                   cache_dir: str | None = None, progress: bool = True) -> list[dict[str, Any]]:  # fmt: skip
+def evaluate_paths(
+    paths: list[str],
+    splits: list[str],
+    precision: str = RUN,
+    devices: int = 1,
+    cache_dir: str | None = None,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
     """Evaluate each run, merge the results into its eval.json, and return one flat row per run."""
     rows = []
     cuda = uses_cuda("auto")
@@ -179,23 +203,34 @@ def evaluate_paths(paths: list[str], splits: list[str], precision: str = RUN, de
             earlier = summary.get("eval") or {}
             # other splits of the same weights at the same precision are kept; anything else is replaced
             same = earlier.get("step") == run.global_step and earlier.get("precision") == choice.precision
-            summary["eval"] = {**(earlier if same else {}), "checkpoint": str(run.checkpoint),
-                               "step": run.global_step, "precision": choice.precision,
-                               "precision_reason": choice.reason, "trained_precision": run.precision,
-                               **results}  # fmt: skip
+            summary["eval"] = {
+                **(earlier if same else {}),
+                "checkpoint": str(run.checkpoint),
+                "step": run.global_step,
+                "precision": choice.precision,
+                "precision_reason": choice.reason,
+                "trained_precision": run.precision,
+                **results,
+            }
             write_json_atomic(run_dir.summary_path, summary)
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="resnorm-lm eval", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="resnorm-lm eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("runs", nargs="+", help="run directories (their last.ckpt) or .ckpt files")
     parser.add_argument("--split", nargs="+", choices=sorted(SPLITS), default=["validation", "test"])
-    parser.add_argument("--precision", default=RUN, choices=PRECISIONS, metavar="PRECISION",
-                        help="run (default): the precision each run trained with (fp32 where this hardware cannot "
-                             "run it, said aloud); 32-true: fp32; auto: this machine's fastest (bf16-mixed where "
-                             "bf16 is fast here, else 32-true on CPU); or any other Lightning precision")  # fmt: skip
+    parser.add_argument(
+        "--precision",
+        default=RUN,
+        choices=PRECISIONS,
+        metavar="PRECISION",
+        help="run (default): the precision each run trained with (fp32 where this hardware cannot "
+        "run it, said aloud); 32-true: fp32; auto: this machine's fastest (bf16-mixed where "
+        "bf16 is fast here, else 32-true on CPU); or any other Lightning precision",
+    )
     parser.add_argument("--devices", type=int, default=1, help="GPUs (or CPU processes) to shard the windows over")
     parser.add_argument("--csv", help="also write the table as CSV here")
     args = parser.parse_args(argv)
@@ -212,8 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     if notes:
         print("\n".join(notes))
     for split in args.split:
-        print(f"\n{split} (ranked by bits per byte within each evaluation text; every token of the split counted "
-              "once)\n")  # fmt: skip
+        print(
+            f"\n{split} (ranked by bits per byte within each evaluation text; every token of the split counted once)\n"
+        )
         print(format_tables(rows, split))
     if args.csv:
         write_csv_atomic(args.csv, rows)

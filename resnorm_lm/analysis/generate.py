@@ -15,8 +15,9 @@ from resnorm_lm.train.loaded_run import CheckpointError, load_run
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="resnorm-lm generate", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="resnorm-lm generate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("run", help="a run directory (its last.ckpt) or a .ckpt file")
     parser.add_argument("--prompt", default="", help="text to continue (default: start of a document)")
     parser.add_argument("--tokens", type=int, default=200, help="tokens to generate")
@@ -37,8 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     prompt_ids = [eot] + (tokenizer.encode(args.prompt).ids if args.prompt else [])
     generator = torch.Generator().manual_seed(args.seed)
     sys.stdout.write(args.prompt)
-    for piece in stream_text(run.model.model, tokenizer, prompt_ids, args.tokens, args.temperature,
-                             args.top_k or None, generator):  # fmt: skip
+    for piece in stream_text(
+        run.model.model, tokenizer, prompt_ids, args.tokens, args.temperature, args.top_k or None, generator
+    ):
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")

@@ -116,8 +116,9 @@ def measure(model: GPT, x: torch.Tensor, y: torch.Tensor, batch_size: int = 64) 
     return LayerContribution(tokens, loss, skipped_losses, (distances / tokens).tolist())
 
 
-def slice_loss(model: GPT, x: torch.Tensor, y: torch.Tensor, batch_size: int,
-               valid: list[torch.Tensor] | None = None) -> tuple[float, int]:  # fmt: skip
+def slice_loss(
+    model: GPT, x: torch.Tensor, y: torch.Tensor, batch_size: int, valid: list[torch.Tensor] | None = None
+) -> tuple[float, int]:
     """Mean cross-entropy over the targets of ``y`` (N, T) and their number; ``valid`` is set to each
     batch's target mask before its forward pass."""
     total = torch.zeros((), dtype=torch.float64, device=x.device)
@@ -158,8 +159,13 @@ def run_contribution(run_dir: Path, n_tokens: int = DEFAULT_TOKENS) -> dict | No
     model = run.model.model.to(device).eval()
     x, y = validation_slice(dm, n_tokens)
     result = measure(model, x.to(device), y.to(device), dm.eval_batch_size)
-    record = {"step": run.global_step, "tokens_asked": n_tokens, "device": device, **asdict(result),
-              "loss_increase": result.loss_increase}  # fmt: skip
+    record = {
+        "step": run.global_step,
+        "tokens_asked": n_tokens,
+        "device": device,
+        **asdict(result),
+        "loss_increase": result.loss_increase,
+    }
     write_json_atomic(cache, record)
     return record
 

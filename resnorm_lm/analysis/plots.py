@@ -118,8 +118,9 @@ def plot_stream_rms(runs: dict[str, list[Path]], out_dir: Path) -> Path | None:
     return plot_first_and_last(runs, STREAM_RMS, titles, "RMS", out_dir / "stream_rms.png")
 
 
-def plot_first_and_last(runs: dict[str, list[Path]], prefix: str, titles: tuple[str, str], ylabel: str,
-                        path: Path) -> Path:  # fmt: skip
+def plot_first_and_last(
+    runs: dict[str, list[Path]], prefix: str, titles: tuple[str, str], ylabel: str, path: Path
+) -> Path:
     """The per-block metric ``prefix`` of each recipe's first run: its first logged row left, its last right."""
     fig, (early, late) = plt.subplots(1, 2, figsize=(12, 4.5), dpi=90, sharey=True)
     colors = recipe_colors(runs)
@@ -129,8 +130,13 @@ def plot_first_and_last(runs: dict[str, list[Path]], prefix: str, titles: tuple[
             continue
         first, last = rows[0], rows[-1]
         early.plot(layer_values(first, prefix), marker="o", ms=3, color=colors[recipe], label=recipe)
-        late.plot(layer_values(last, prefix), marker="o", ms=3, color=colors[recipe],
-                  label=f"{recipe} (step {last['step']:.0f})")  # fmt: skip
+        late.plot(
+            layer_values(last, prefix),
+            marker="o",
+            ms=3,
+            color=colors[recipe],
+            label=f"{recipe} (step {last['step']:.0f})",
+        )
     early.set(title=titles[0], xlabel="block", ylabel=ylabel, yscale="log")
     late.set(title=titles[1], xlabel="block", yscale="log")
     return save_figure(fig, (early, late), (early, late), path)
@@ -151,15 +157,30 @@ def plot_lr_sensitivity(grid: list[dict], unigram: float | None, out_dir: Path) 
     colors = recipe_colors(g["recipe"] for g in grid)
     for recipe, color in colors.items():
         for warmup in sorted({g["warmup"] for g in grid if g["recipe"] == recipe}, key=lambda w: (w is None, w)):
-            rows = sorted((g for g in grid if g["recipe"] == recipe and g["warmup"] == warmup and g["lr"] is not None),
-                          key=lambda g: g["lr"])  # fmt: skip
+            rows = sorted(
+                (g for g in grid if g["recipe"] == recipe and g["warmup"] == warmup and g["lr"] is not None),
+                key=lambda g: g["lr"],
+            )
             ok = [g for g in rows if g["val_loss_mean"] is not None and not g.get("n_diverged")]
             label = recipe if len(warmups) < 2 else f"{recipe}, warmup {warmup}"
-            ax.plot([g["lr"] for g in ok], [g["val_loss_mean"] for g in ok], marker="o", ms=4, color=color,
-                    ls=styles.get(warmup, "-"), label=label)  # fmt: skip
+            ax.plot(
+                [g["lr"] for g in ok],
+                [g["val_loss_mean"] for g in ok],
+                marker="o",
+                ms=4,
+                color=color,
+                ls=styles.get(warmup, "-"),
+                label=label,
+            )
             chosen = [g for g in ok if g["chosen"]]
-            ax.plot([g["lr"] for g in chosen], [g["val_loss_mean"] for g in chosen], marker="*", ms=12, color=color,
-                    ls="none")  # fmt: skip
+            ax.plot(
+                [g["lr"] for g in chosen],
+                [g["val_loss_mean"] for g in chosen],
+                marker="*",
+                ms=12,
+                color=color,
+                ls="none",
+            )
             bad = [g for g in rows if g not in ok]  # a seed diverged: the setting does not train every time
             ax.plot([g["lr"] for g in bad], [top] * len(bad), marker="x", ms=8, color=color, ls="none")
     if unigram is not None:
@@ -173,8 +194,12 @@ def plot_lr_sensitivity(grid: list[dict], unigram: float | None, out_dir: Path) 
             color="gray",
             transform=ax.get_yaxis_transform(),
         )  # x in axes fraction: stays in view on a log axis
-    ax.set(xscale="log", xlabel="peak learning rate", ylabel="final validation loss (nats/token)",
-           title="LR sensitivity (star: chosen setting; x: a seed diverged)")  # fmt: skip
+    ax.set(
+        xscale="log",
+        xlabel="peak learning rate",
+        ylabel="final validation loss (nats/token)",
+        title="LR sensitivity (star: chosen setting; x: a seed diverged)",
+    )
     return save_figure(fig, (ax,), (ax,), out_dir / "lr_sensitivity.png")
 
 
@@ -185,12 +210,32 @@ def plot_clipping(grid: list[dict], out_dir: Path) -> Path:
     colors = recipe_colors(g["recipe"] for g in grid)
     for recipe, color in colors.items():
         for warmup in sorted({g["warmup"] for g in grid if g["recipe"] == recipe}, key=lambda w: (w is None, w)):
-            rows = sorted((g for g in grid if g["recipe"] == recipe and g["warmup"] == warmup and g["lr"] is not None
-                           and g["clipped_mean"] is not None), key=lambda g: g["lr"])  # fmt: skip
-            ax.plot([g["lr"] for g in rows], [g["clipped_mean"] for g in rows], marker="o", ms=4, color=color,
-                    label=recipe if warmup is None else f"{recipe}, warmup {warmup}")  # fmt: skip
-    ax.set(xscale="log", ylim=(-0.03, 1.03), xlabel="peak learning rate", ylabel="fraction of steps clipped",
-           title="How often the gradient clip bound (mean over seeds)")  # fmt: skip
+            rows = sorted(
+                (
+                    g
+                    for g in grid
+                    if g["recipe"] == recipe
+                    and g["warmup"] == warmup
+                    and g["lr"] is not None
+                    and g["clipped_mean"] is not None
+                ),
+                key=lambda g: g["lr"],
+            )
+            ax.plot(
+                [g["lr"] for g in rows],
+                [g["clipped_mean"] for g in rows],
+                marker="o",
+                ms=4,
+                color=color,
+                label=recipe if warmup is None else f"{recipe}, warmup {warmup}",
+            )
+    ax.set(
+        xscale="log",
+        ylim=(-0.03, 1.03),
+        xlabel="peak learning rate",
+        ylabel="fraction of steps clipped",
+        title="How often the gradient clip bound (mean over seeds)",
+    )
     return save_figure(fig, (ax,), (ax,), out_dir / "clipping.png")
 
 
@@ -223,23 +268,47 @@ def plot_depth_loss(table: list[dict], unigram: float | None, out_dir: Path) -> 
     top = max(finite + ([unigram] if unigram else [])) + 0.2 if finite else 1.0
     for recipe, rows in by_recipe(table).items():
         ok = [r for r in rows if r.get("val_loss_mean") is not None]
-        ax.errorbar([r["n_layer"] for r in ok], [r["val_loss_mean"] for r in ok],
-                    yerr=[r.get("val_loss_std") or 0.0 for r in ok], color=colors[recipe], marker="o", ms=5,
-                    capsize=3, label=recipe)  # fmt: skip
+        ax.errorbar(
+            [r["n_layer"] for r in ok],
+            [r["val_loss_mean"] for r in ok],
+            yerr=[r.get("val_loss_std") or 0.0 for r in ok],
+            color=colors[recipe],
+            marker="o",
+            ms=5,
+            capsize=3,
+            label=recipe,
+        )
         stuck = [r for r in ok if r["status"].startswith("not learning")]
-        ax.plot([r["n_layer"] for r in stuck], [r["val_loss_mean"] for r in stuck], ls="none", marker="o", ms=9,
-                mfc="white", mec=colors[recipe])  # fmt: skip
+        ax.plot(
+            [r["n_layer"] for r in stuck],
+            [r["val_loss_mean"] for r in stuck],
+            ls="none",
+            marker="o",
+            ms=9,
+            mfc="white",
+            mec=colors[recipe],
+        )
         diverged = [r for r in rows if r.get("val_loss_mean") is None and r["status"].startswith("diverged")]
-        ax.plot([r["n_layer"] for r in diverged], [top] * len(diverged), ls="none", marker="x", ms=9,
-                color=colors[recipe])  # fmt: skip
+        ax.plot(
+            [r["n_layer"] for r in diverged], [top] * len(diverged), ls="none", marker="x", ms=9, color=colors[recipe]
+        )
     if unigram is not None:
         ax.axhline(unigram, color="gray", ls="--", lw=1)
-        ax.text(0.01, unigram, "unigram (not learning above)", va="bottom", fontsize=7, color="gray",
-                transform=ax.get_yaxis_transform())  # fmt: skip
+        ax.text(
+            0.01,
+            unigram,
+            "unigram (not learning above)",
+            va="bottom",
+            fontsize=7,
+            color="gray",
+            transform=ax.get_yaxis_transform(),
+        )
     depth_axis(ax, {r["n_layer"] for r in table if r.get("n_layer")})
-    ax.set(xlabel="blocks (n_layer)", ylabel="validation loss at the chosen LR (nats/token)",
-           title="Best validation loss against depth\n"
-                 "(bars: seed std; hollow: not learning; x: every LR diverged)")  # fmt: skip
+    ax.set(
+        xlabel="blocks (n_layer)",
+        ylabel="validation loss at the chosen LR (nats/token)",
+        title="Best validation loss against depth\n(bars: seed std; hollow: not learning; x: every LR diverged)",
+    )
     return save_figure(fig, (ax,), (ax,), out_dir / "depth_loss.png")
 
 
@@ -252,18 +321,35 @@ def plot_depth_lr(table: list[dict], out_dir: Path) -> Path:
     for k, (recipe, rows) in enumerate(groups.items()):
         ok = [r for r in rows if r.get("lr") is not None]
         shift = 2 ** (0.03 * (k - (len(groups) - 1) / 2))  # picks share the grid's LRs: spread the lines apart
-        ax.plot([r["n_layer"] * shift for r in ok], [r["lr"] for r in ok], color=colors[recipe], marker="o", ms=5,
-                label=recipe)  # fmt: skip
+        ax.plot(
+            [r["n_layer"] * shift for r in ok],
+            [r["lr"] for r in ok],
+            color=colors[recipe],
+            marker="o",
+            ms=5,
+            label=recipe,
+        )
         for r in ok:
             marker = {"highest": "^", "lowest": "v"}.get(r.get("lr_edge") or "", None)
             stuck = r["status"].startswith("not learning")
             if marker or stuck:
-                ax.plot([r["n_layer"] * shift], [r["lr"]], ls="none", marker=marker or "o", ms=10,
-                        color=colors[recipe], mfc="white" if stuck else colors[recipe])  # fmt: skip
+                ax.plot(
+                    [r["n_layer"] * shift],
+                    [r["lr"]],
+                    ls="none",
+                    marker=marker or "o",
+                    ms=10,
+                    color=colors[recipe],
+                    mfc="white" if stuck else colors[recipe],
+                )
     depth_axis(ax, {r["n_layer"] for r in table if r.get("n_layer")})
-    ax.set(yscale="log", xlabel="blocks (n_layer)", ylabel="chosen peak learning rate",
-           title="Chosen LR against depth (triangle: at the grid's edge; hollow: not learning;\n"
-                 "lines shifted sideways a little so that equal picks stay visible)")  # fmt: skip
+    ax.set(
+        yscale="log",
+        xlabel="blocks (n_layer)",
+        ylabel="chosen peak learning rate",
+        title="Chosen LR against depth (triangle: at the grid's edge; hollow: not learning;\n"
+        "lines shifted sideways a little so that equal picks stay visible)",
+    )
     return save_figure(fig, (ax,), (ax,), out_dir / "depth_lr.png")
 
 
@@ -317,8 +403,15 @@ def plot_stability_maps(grid: list[dict], unigram: float | None, out_dir: Path) 
                 values[i][j] = r["val_loss_mean"]
                 stuck = "\ns" if "not learning" in r["status"] else ""
                 bright = (r["val_loss_mean"] - vmin) / max(vmax - vmin, 1e-9) > 0.6  # viridis' yellow end
-                ax.text(j, i, f"{r['val_loss_mean']:.2f}{stuck}", ha="center", va="center", fontsize=6,
-                        color="black" if bright else "white")  # fmt: skip
+                ax.text(
+                    j,
+                    i,
+                    f"{r['val_loss_mean']:.2f}{stuck}",
+                    ha="center",
+                    va="center",
+                    fontsize=6,
+                    color="black" if bright else "white",
+                )
             if r.get("chosen"):
                 ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, ec="red", lw=2))
         image = ax.imshow(values, cmap=cmap, vmin=vmin, vmax=vmax, origin="lower", aspect="auto")
@@ -364,8 +457,9 @@ def plot_depth_by_block(runs: dict[tuple[str, int], Path], prefix: str, ylabel: 
             ax.plot(range(len(values)), values, marker="o", ms=2, color=colors[recipe], label=recipe)
     for col, depth in enumerate(depths):
         axes[0][col].set(title=f"{depth} blocks: step 0 (initialization)", yscale="log", ylabel=ylabel)
-        axes[1][col].set(title=f"{depth} blocks: last logged step", yscale="log", xlabel="block (0: input side)",
-                         ylabel=ylabel)  # fmt: skip
+        axes[1][col].set(
+            title=f"{depth} blocks: last logged step", yscale="log", xlabel="block (0: input side)", ylabel=ylabel
+        )
     flat = list(axes.flat)
     for ax in flat:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -388,8 +482,9 @@ def plot_layer_contribution(rows: list[dict], out_dir: Path) -> Path:
     for col, depth in enumerate(depths):
         axes[0][col].set(title=f"{depth} blocks: loss increase when skipped", ylabel="nats/token")
         axes[0][col].set_yscale("symlog", linthresh=1e-2)  # a first block costs nats, a deep one hundredths
-        axes[1][col].set(title=f"{depth} blocks: angular distance in -> out", xlabel="block (0: input side)",
-                         ylim=(0, None))  # fmt: skip
+        axes[1][col].set(
+            title=f"{depth} blocks: angular distance in -> out", xlabel="block (0: input side)", ylim=(0, None)
+        )
     flat = list(axes.flat)
     for ax in flat:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -48,10 +48,15 @@ class Provenance:
         fingerprint = record.get("fingerprint") or {}
         version = fingerprint.get("version")
         reference = f"{fingerprint['reference']} (v{version})" if fingerprint.get("reference") else None
-        return cls(arithmetic=reference or f"{machine} / {precision} / torch {torch}",
-                   model=f"{fingerprint['model']} (v{version})" if fingerprint.get("model") else None,
-                   machine=machine, precision=precision, torch=torch,
-                   code=str(last.get("code_revision") or "unknown"), portable=record.get("portable"))  # fmt: skip
+        return cls(
+            arithmetic=reference or f"{machine} / {precision} / torch {torch}",
+            model=f"{fingerprint['model']} (v{version})" if fingerprint.get("model") else None,
+            machine=machine,
+            precision=precision,
+            torch=torch,
+            code=str(last.get("code_revision") or "unknown"),
+            portable=record.get("portable"),
+        )
 
 
 def segment_arithmetics(run_dir: Path) -> set[str]:
@@ -80,14 +85,18 @@ class TableProvenance:
         out = []
         if len(self.labels) > 1:
             counts = {a: sum(p.arithmetic == a for p in self.of.values()) for a in self.labels}
-            out.append("the runs computed with different arithmetic: " + "; ".join(
-                f"{self.labels[a]}: {a} ({counts[a]} runs, on {self._machines(a)})" for a in self.labels))  # fmt: skip
+            out.append(
+                "the runs computed with different arithmetic: "
+                + "; ".join(f"{self.labels[a]}: {a} ({counts[a]} runs, on {self._machines(a)})" for a in self.labels)
+            )
         for recipe, dirs in self.runs.items():
             models = {self.of[d].model for d in dirs if self.of[d].model}
             if len(models) > 1:
                 codes = sorted({self.of[d].code[:12] for d in dirs})
-                out.append(f"{recipe}'s runs have {len(models)} model fingerprints: the code changed its numbers "
-                           f"between them (code revisions {', '.join(codes)})")  # fmt: skip
+                out.append(
+                    f"{recipe}'s runs have {len(models)} model fingerprints: the code changed its numbers "
+                    f"between them (code revisions {', '.join(codes)})"
+                )
         for dirs in self.runs.values():
             for d in dirs:
                 if len(segment_arithmetics(d)) > 1:
@@ -122,12 +131,17 @@ class TableProvenance:
                 "code": ", ".join(sorted({p.code[:12] for p in members})),
             }
             portable = {p.portable for p in members}
-            kernels = "portable (AVX2 caps, one thread)" if portable == {True} else (
-                "native" if portable == {False} else "not recorded")  # fmt: skip
+            kernels = (
+                "portable (AVX2 caps, one thread)"
+                if portable == {True}
+                else ("native" if portable == {False} else "not recorded")
+            )
             mark = f"{label}: " if len(self.labels) > 1 else ""
-            out.append(f"{mark}arithmetic {arithmetic}: {len(members)} runs on {facts['machines']}; precision "
-                       f"{facts['precision']}; torch {facts['torch']}; kernels {kernels}; training code "
-                       f"{facts['code']}")  # fmt: skip
+            out.append(
+                f"{mark}arithmetic {arithmetic}: {len(members)} runs on {facts['machines']}; precision "
+                f"{facts['precision']}; torch {facts['torch']}; kernels {kernels}; training code "
+                f"{facts['code']}"
+            )
         return out
 
 

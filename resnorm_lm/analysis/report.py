@@ -20,24 +20,41 @@ def num(mean: float | None, std: float | None, digits: int = 3) -> str:
     return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std else "")
 
 
-def markdown_report(table: list[dict], grid: list[dict], profile: str, command: str, unigram: float | None,
-                    hardware: str, depths: bool = False, provenance: list[str] | None = None) -> str:  # fmt: skip
+def markdown_report(
+    table: list[dict],
+    grid: list[dict],
+    profile: str,
+    command: str,
+    unigram: float | None,
+    hardware: str,
+    depths: bool = False,
+    provenance: list[str] | None = None,
+) -> str:
     """compare.md; with ``depths`` a "layers" column after the recipe says which depth each row is; ``provenance``:
     the arithmetic the runs computed with (``provenance.py``), a line each."""
     runs = sum(r["n_runs"] for r in table)
     hours = sum(r["train_s"] for r in table) / 3600
-    lines = [f"# Comparison: profile `{profile}`", "", f"Command: `{command}`", "",
-             f"Date: {time.strftime('%Y-%m-%d')}. Hardware: {hardware}. Cost: {runs} runs, {hours:.2f} h of training.",
-             "", *(f"Provenance: {line}" for line in provenance or []), *([""] if provenance else []),
-             "Each recipe at its own setting: the (peak lr, warmup) with the lowest mean validation loss over the "
-             "seeds run at it; test is evaluated only at that setting. Mean ± standard deviation over seeds. "
-             f"Unigram reference (validation cross-entropy of the train split's token frequencies): "
-             f"{num(unigram, None)} nats; within {NOT_LEARNING_NATS} nats of it (or above) is 'not learning'.", "",
-             "Eval precision: the precision the numbers were measured at (by default each run's training "
-             "precision; `--eval-precision` to choose).", "",
-             "| recipe | lr | warmup | seeds | val loss | val ppl | val bpb | test ppl | test bpb | eval precision "
-             "| status |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"# Comparison: profile `{profile}`",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Date: {time.strftime('%Y-%m-%d')}. Hardware: {hardware}. Cost: {runs} runs, {hours:.2f} h of training.",
+        "",
+        *(f"Provenance: {line}" for line in provenance or []),
+        *([""] if provenance else []),
+        "Each recipe at its own setting: the (peak lr, warmup) with the lowest mean validation loss over the "
+        "seeds run at it; test is evaluated only at that setting. Mean ± standard deviation over seeds. "
+        f"Unigram reference (validation cross-entropy of the train split's token frequencies): "
+        f"{num(unigram, None)} nats; within {NOT_LEARNING_NATS} nats of it (or above) is 'not learning'.",
+        "",
+        "Eval precision: the precision the numbers were measured at (by default each run's training "
+        "precision; `--eval-precision` to choose).",
+        "",
+        "| recipe | lr | warmup | seeds | val loss | val ppl | val bpb | test ppl | test bpb | eval precision "
+        "| status |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     if depths:
         lines[-2:] = [with_layers(line, "layers") for line in lines[-2:]]
     for r in table:
@@ -124,8 +141,15 @@ def write_report(out_dir: Path, report: str, table: list[dict], grid: list[dict]
     write_csv_atomic(out_dir / "grid.csv", grid)
 
 
-def plot_comparison(selections: dict[Any, Selection], runs: dict[RunSpec, Path], grid: list[dict],
-                    unigram: float | None, out_dir: Path, depths: bool, lr_grid: bool) -> None:  # fmt: skip
+def plot_comparison(
+    selections: dict[Any, Selection],
+    runs: dict[RunSpec, Path],
+    grid: list[dict],
+    unigram: float | None,
+    out_dir: Path,
+    depths: bool,
+    lr_grid: bool,
+) -> None:
     """The figures of every comparison: LR sensitivity and clipping over the grid (``lr_grid``: an LR axis was
     swept), and at the chosen settings loss curves, gradient norms and stream RMS (a line per recipe, and per
     depth with ``depths``)."""

@@ -61,8 +61,12 @@ class RunningFits:
                 signal.signal(signum, handler)
         if self.stop_signal is not None:
             with contextlib.suppress(OSError):
-                print(f"compare: stopped by {signal.Signals(self.stop_signal).name}; run the same command again "
-                      "to resume the sweep", file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"compare: stopped by {signal.Signals(self.stop_signal).name}; run the same command again "
+                    "to resume the sweep",
+                    file=sys.stderr,
+                    flush=True,
+                )
             raise SystemExit(128 + self.stop_signal)
 
     def _on_stop(self, signum: int, frame: object) -> None:
@@ -72,8 +76,10 @@ class RunningFits:
         name = signal.Signals(signum).name
         running = list(self.sent)
         if self.stops == 1:
-            said = (f"\ncompare: {name}: {len(running)} run(s) in training save last.ckpt at the end of their step "
-                    f"and stop, and no run starts; {name} again stops them at once\n")  # fmt: skip
+            said = (
+                f"\ncompare: {name}: {len(running)} run(s) in training save last.ckpt at the end of their step "
+                f"and stop, and no run starts; {name} again stops them at once\n"
+            )
         else:
             said = f"\ncompare: {name} again: the {len(running)} run(s) in training stop at once\n"
         with contextlib.suppress(OSError):  # a closed terminal's SIGHUP: nowhere to say it

@@ -49,20 +49,26 @@ class SlurmOptions:
             if value is not None and not (isinstance(value, str) and value.strip()):
                 raise ValueError(f"slurm {name} must be a non-empty string, got {value!r}")
         if self.time is not None and not TIME_FORMAT.match(self.time):
-            raise ValueError(f"slurm time {self.time!r} is none of sbatch's formats: minutes, hours:minutes:seconds, "
-                             "days-hours:minutes:seconds (e.g. 04:00:00, 1-00:00:00)")  # fmt: skip
+            raise ValueError(
+                f"slurm time {self.time!r} is none of sbatch's formats: minutes, hours:minutes:seconds, "
+                "days-hours:minutes:seconds (e.g. 04:00:00, 1-00:00:00)"
+            )
         for name, minimum in (("gpus_per_run", 0), ("cpus_per_run", 1), ("max_jobs", 1)):
             value = getattr(self, name)
             optional = name != "max_jobs"
             if (value is None and optional) or (type(value) is int and value >= minimum):
                 continue
             raise ValueError(f"slurm {name} must be an integer >= {minimum}, got {value!r}")
-        if isinstance(self.poll_seconds, bool) or not isinstance(self.poll_seconds, int | float) or \
-                not self.poll_seconds > 0:  # fmt: skip
+        if (
+            isinstance(self.poll_seconds, bool)
+            or not isinstance(self.poll_seconds, int | float)
+            or not self.poll_seconds > 0
+        ):
             raise ValueError(f"slurm poll_seconds must be a number > 0, got {self.poll_seconds!r}")
         if not all(isinstance(arg, str) and arg.startswith("-") for arg in self.sbatch_args):
-            raise ValueError(f"slurm sbatch_args must be sbatch options such as '--qos=normal', got "
-                             f"{list(self.sbatch_args)!r}")  # fmt: skip
+            raise ValueError(
+                f"slurm sbatch_args must be sbatch options such as '--qos=normal', got {list(self.sbatch_args)!r}"
+            )
 
     @classmethod
     def load(cls, path: str | None = None, **given: Any) -> SlurmOptions:

@@ -37,22 +37,31 @@ from resnorm_lm.train.runs import RunDir
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="resnorm-lm suite", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="resnorm-lm suite", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("suite", help=f"a suite name ({', '.join(available_suites()) or 'none yet'}) or file")
-    parser.add_argument("--jobs", type=int, default=None,
-                        help="runs trained at once (default: one per core; each run computes on one "
-                             "thread)")  # fmt: skip
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="runs trained at once (default: one per core; each run computes on one thread)",
+    )
     parser.add_argument("--root", default=None, help="where the runs live (default: runs/suites/<name>)")
     parser.add_argument("--results", default="results/suites", help="tables and figures go to <results>/<name>/")
     parser.add_argument("--no-train", action="store_true", help="render the tables from the runs that exist")
-    parser.add_argument("--export", metavar="DIR",
-                        help="copy each finished run's small files (config, manifest, eval.json, metrics.csv; never "
-                             "a checkpoint) to DIR/<recipe>/<run>/, for git; the tables render from there with "
-                             "--root DIR --no-train")  # fmt: skip
-    parser.add_argument("--mix-provenance", action="store_true",
-                        help="render runs of different arithmetic in one table, each row marked (refused "
-                             "otherwise)")  # fmt: skip
+    parser.add_argument(
+        "--export",
+        metavar="DIR",
+        help="copy each finished run's small files (config, manifest, eval.json, metrics.csv; never "
+        "a checkpoint) to DIR/<recipe>/<run>/, for git; the tables render from there with "
+        "--root DIR --no-train",
+    )
+    parser.add_argument(
+        "--mix-provenance",
+        action="store_true",
+        help="render runs of different arithmetic in one table, each row marked (refused otherwise)",
+    )
     args = parser.parse_args(argv)
     if args.jobs is not None and args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
@@ -86,19 +95,31 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(args.results) / suite.name
     if isinstance(design, TunedBudget):
         report = TunedReport(suite, design, outcomes, root, unigram)
-        picks = [s.run_dir(root, suite.profile) for s in outcomes if s.seed in design.seeds and
-                 s.setting == report.selections[s.recipe].pick]  # fmt: skip
+        picks = [
+            s.run_dir(root, suite.profile)
+            for s in outcomes
+            if s.seed in design.seeds and s.setting == report.selections[s.recipe].pick
+        ]
         evaluate_test(suite, picks)
         rows = report.rows()
-        written = write_tables(out_dir, suite.name, tuned_markdown(report, rows, provenance, partial),
-                               {"table": rows, "runs": report.grid_rows()})  # fmt: skip
-        written += [p for p in (plot_lr_panels(report, rows, out_dir), plot_paired_differences(report, rows, out_dir))
-                    if p]  # fmt: skip
+        written = write_tables(
+            out_dir,
+            suite.name,
+            tuned_markdown(report, rows, provenance, partial),
+            {"table": rows, "runs": report.grid_rows()},
+        )
+        written += [
+            p for p in (plot_lr_panels(report, rows, out_dir), plot_paired_differences(report, rows, out_dir)) if p
+        ]
     else:
         assert isinstance(design, SeedPilot)
         report = PilotReport(suite, design, outcomes, unigram)
-        written = write_tables(out_dir, suite.name, pilot_markdown(report, provenance, partial),
-                               {"spread": report.spread_rows(), "pairing": report.pairing_rows()})  # fmt: skip
+        written = write_tables(
+            out_dir,
+            suite.name,
+            pilot_markdown(report, provenance, partial),
+            {"spread": report.spread_rows(), "pairing": report.pairing_rows()},
+        )
         written.append(plot_seed_spread(report, out_dir))
     print((out_dir / f"{suite.name}.md").read_text())
     if args.export:  # after the test evaluation: its numbers are in eval.json

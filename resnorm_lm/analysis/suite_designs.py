@@ -128,8 +128,10 @@ class TunedBudget(Design):
         self.seeds = _numbers(budget, "seeds", "budget", kind=int, positive=False)
         self.runner_up_seeds = _numbers(budget, "runner_up_seeds", "budget", kind=int, positive=False)
         if self.selection_seed in self.seeds or self.selection_seed in self.runner_up_seeds:
-            raise ValueError(f"budget: the selection seed {self.selection_seed} must not be one of the fresh seeds: "
-                             "the seed that chooses a setting is never the one that reports it")  # fmt: skip
+            raise ValueError(
+                f"budget: the selection seed {self.selection_seed} must not be one of the fresh seeds: "
+                "the seed that chooses a setting is never the one that reports it"
+            )
         if not set(self.runner_up_seeds) <= set(self.seeds):
             raise ValueError("budget.runner_up_seeds: a subset of budget.seeds, so that pick and runner-up pair")
         if self.extensions < 0:

@@ -106,8 +106,10 @@ def load(name: str, root: Path = SUITES_DIR) -> Suite:
         raise SuiteError(f"{path}: a suite file is a mapping of {', '.join(KEYS)}")
     unknown = sorted(set(raw) - set(KEYS))
     if unknown:
-        raise SuiteError(f"{path}: unknown key(s) {', '.join(unknown)}; a suite file has: " +
-                         "; ".join(f"{k} ({what})" for k, what in KEYS.items()))  # fmt: skip
+        raise SuiteError(
+            f"{path}: unknown key(s) {', '.join(unknown)}; a suite file has: "
+            + "; ".join(f"{k} ({what})" for k, what in KEYS.items())
+        )
     for key in ("design", "profile", "recipes", "reference", "train"):
         if key not in raw:
             raise SuiteError(f"{path}: `{key}` is missing: {KEYS[key]}")
@@ -140,8 +142,17 @@ def load(name: str, root: Path = SUITES_DIR) -> Suite:
         raise SuiteError(f"{path}: arithmetic {arithmetic!r}: one of {', '.join(ARITHMETICS)}")
     reference = raw["reference"]
     ordered = [reference, *[r for r in recipes if r != reference]]  # the reference trains first: pairs need it
-    suite = Suite(name=path.stem, path=path, about=str(raw.get("about") or ""), design=raw["design"],
-                  profile=raw["profile"], recipes=ordered, reference=reference, train=dict(train),
-                  arithmetic=arithmetic, sections={k: raw[k] for k in ("budget", "pilot") if k in raw})  # fmt: skip
+    suite = Suite(
+        name=path.stem,
+        path=path,
+        about=str(raw.get("about") or ""),
+        design=raw["design"],
+        profile=raw["profile"],
+        recipes=ordered,
+        reference=reference,
+        train=dict(train),
+        arithmetic=arithmetic,
+        sections={k: raw[k] for k in ("budget", "pilot") if k in raw},
+    )
     design.check(suite)
     return suite

@@ -29,8 +29,16 @@ def plot_lr_panels(report: TunedReport, rows: list[dict], out_dir: Path) -> Path
         row = by_recipe.get(recipe, {})
         if row.get("val_loss") is not None:
             ci = row["val_loss"]
-            ax.errorbar([row["lr"]], [ci.mean], yerr=[[ci.half_width or 0], [ci.half_width or 0]], fmt="*",
-                        color="black", ms=8, capsize=3, label=f"pick, {ci.n} fresh seeds")  # fmt: skip
+            ax.errorbar(
+                [row["lr"]],
+                [ci.mean],
+                yerr=[[ci.half_width or 0], [ci.half_width or 0]],
+                fmt="*",
+                color="black",
+                ms=8,
+                capsize=3,
+                label=f"pick, {ci.n} fresh seeds",
+            )
         ax.axhline(report.unigram, ls="--", lw=0.8, color="gray")
         ax.set_xscale("log")
         ax.set_ylim(bottom, top + 0.05)
@@ -53,9 +61,16 @@ def plot_paired_differences(report: TunedReport, rows: list[dict], out_dir: Path
             ci = row.get(key)
             if ci is None:
                 continue
-            ax.errorbar([ci.mean], [i + offset], xerr=[[ci.half_width or 0], [ci.half_width or 0]], fmt=marker,
-                        color=colors[row["recipe"]], capsize=3, ms=4,
-                        label={"delta_val": "validation", "delta_test": "test"}[key] if i == 0 else None)  # fmt: skip
+            ax.errorbar(
+                [ci.mean],
+                [i + offset],
+                xerr=[[ci.half_width or 0], [ci.half_width or 0]],
+                fmt=marker,
+                color=colors[row["recipe"]],
+                capsize=3,
+                ms=4,
+                label={"delta_val": "validation", "delta_test": "test"}[key] if i == 0 else None,
+            )
     ax.axvline(0, color="black", lw=0.8)
     ax.set_yticks(range(len(shown)), [r["recipe"] for r in reversed(shown)], fontsize=8)
     ax.set_xlabel(f"loss minus {report.suite.reference}'s, paired by seed (nats; 95% interval)")

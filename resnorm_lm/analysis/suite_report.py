@@ -66,8 +66,9 @@ def lr_range(scores: dict[Setting, float], pick: Setting, tolerance: float) -> s
 class TunedReport:
     """The rows of a tuned suite (see the module's docstring)."""
 
-    def __init__(self, suite: Suite, design: TunedBudget, outcomes: dict[RunSpec, RunOutcome], root: str,
-                 unigram: float) -> None:  # fmt: skip
+    def __init__(
+        self, suite: Suite, design: TunedBudget, outcomes: dict[RunSpec, RunOutcome], root: str, unigram: float
+    ) -> None:
         self.suite, self.design, self.outcomes, self.root, self.unigram = suite, design, outcomes, root, unigram
         self.selections = {r: design.select(r, outcomes)[0] for r in suite.recipes}
 
@@ -119,20 +120,29 @@ class TunedReport:
             row: dict[str, Any] = {"recipe": recipe, "runs": spent, "max_runs": d.max_runs}
             if sel.pick is None:
                 done = sum(1 for s in d.grid() if RunSpec(recipe, s, d.selection_seed) in self.outcomes)
-                row["status"] = (f"selection: {done}/{len(d.grid())} grid runs" if not sel.complete
-                                 else "diverged at every setting")  # fmt: skip
+                row["status"] = (
+                    f"selection: {done}/{len(d.grid())} grid runs" if not sel.complete else "diverged at every setting"
+                )
                 rows.append(row)
                 continue
             fresh = self.fresh(recipe, sel.pick, d.seeds)
             failures = [o for o in fresh.values() if status_of(o, self.unigram) != "ok"]
             val, test = self.learned(recipe), self.learned(recipe, "test")
-            row.update(lr=sel.pick.lr, warmup=sel.pick.warmup, lr_edge=sel.lr_edge,
-                       seeds=len(fresh), failures=Proportion(len(failures), len(fresh)),
-                       val_loss=mean_interval(list(val.values())), test_loss=mean_interval(list(test.values())),
-                       val_ppl=self.metric(recipe, "val_ppl"), test_ppl=self.metric(recipe, "test_ppl"),
-                       val_bpb=self.metric(recipe, "val_bpb"), test_bpb=self.metric(recipe, "test_bpb"),
-                       lr_range=lr_range(sel.scores, sel.pick, d.lr_tolerance),
-                       failure_kinds=", ".join(sorted({status_of(o, self.unigram) for o in failures})))  # fmt: skip
+            row.update(
+                lr=sel.pick.lr,
+                warmup=sel.pick.warmup,
+                lr_edge=sel.lr_edge,
+                seeds=len(fresh),
+                failures=Proportion(len(failures), len(fresh)),
+                val_loss=mean_interval(list(val.values())),
+                test_loss=mean_interval(list(test.values())),
+                val_ppl=self.metric(recipe, "val_ppl"),
+                test_ppl=self.metric(recipe, "test_ppl"),
+                val_bpb=self.metric(recipe, "val_bpb"),
+                test_bpb=self.metric(recipe, "test_bpb"),
+                lr_range=lr_range(sel.scores, sel.pick, d.lr_tolerance),
+                failure_kinds=", ".join(sorted({status_of(o, self.unigram) for o in failures})),
+            )
             if recipe != self.suite.reference:
                 row["delta_val"] = paired_difference(val, reference_val)
                 row["delta_test"] = paired_difference(test, reference_test)
@@ -140,12 +150,12 @@ class TunedReport:
             missing = len(d.seeds) - len(fresh)
             row["status"] = "partial: " + f"{len(fresh)}/{len(d.seeds)} fresh seeds" if missing else "complete"
             rows.append(row)
-        ranked = sorted(rows, key=lambda r: (r.get("val_loss") is None, r["val_loss"].mean if r.get("val_loss")
-                                             else math.inf))  # fmt: skip
+        ranked = sorted(
+            rows, key=lambda r: (r.get("val_loss") is None, r["val_loss"].mean if r.get("val_loss") else math.inf)
+        )
         names = [r["recipe"] for r in ranked if r.get("val_loss")]
         losses = {r: self.learned(r) for r in names}
-        letters = groups(names, lambda a, b: bool((d := paired_difference(losses[a], losses[b])) and
-                                                  d.excludes_zero()))  # fmt: skip
+        letters = groups(names, lambda a, b: bool((d := paired_difference(losses[a], losses[b])) and d.excludes_zero()))
         for row in ranked:
             row["group"] = letters.get(row["recipe"], "")
         return ranked
@@ -155,10 +165,16 @@ class TunedReport:
         sel = self.selections[recipe]
         if sel.runner_up is None:
             return "-"
-        ups = {k: o.val_loss for k, o in self.fresh(recipe, sel.runner_up, self.design.runner_up_seeds).items()
-               if status_of(o, self.unigram) == "ok"}  # fmt: skip
-        picks = {k: o.val_loss for k, o in self.fresh(recipe, sel.pick, self.design.runner_up_seeds).items()
-                 if status_of(o, self.unigram) == "ok"}  # fmt: skip
+        ups = {
+            k: o.val_loss
+            for k, o in self.fresh(recipe, sel.runner_up, self.design.runner_up_seeds).items()
+            if status_of(o, self.unigram) == "ok"
+        }
+        picks = {
+            k: o.val_loss
+            for k, o in self.fresh(recipe, sel.pick, self.design.runner_up_seeds).items()
+            if status_of(o, self.unigram) == "ok"
+        }
         diff = paired_difference(ups, picks)
         where = f"{_lr(sel.runner_up.lr)}/{sel.runner_up.warmup:g}"
         return f"{where}: {_fmt(diff, sign=True)} ({diff.n} seed{'s' if diff.n > 1 else ''})" if diff else f"{where}: -"
@@ -166,40 +182,68 @@ class TunedReport:
     def grid_rows(self) -> list[dict[str, Any]]:
         """Every finished run: recipe, setting, seed, its role, validation loss and status."""
         out = []
-        for spec, o in sorted(self.outcomes.items(), key=lambda x: (self.suite.recipes.index(x[0].recipe),
-                                                                    x[0].setting, x[0].seed)):  # fmt: skip
+        for spec, o in sorted(
+            self.outcomes.items(), key=lambda x: (self.suite.recipes.index(x[0].recipe), x[0].setting, x[0].seed)
+        ):
             sel = self.selections[spec.recipe]
-            role = ("selection" if spec.seed == self.design.selection_seed else
-                    "pick" if spec.setting == sel.pick else "runner-up" if spec.setting == sel.runner_up else
-                    "superseded")  # fmt: skip
+            role = (
+                "selection"
+                if spec.seed == self.design.selection_seed
+                else "pick"
+                if spec.setting == sel.pick
+                else "runner-up"
+                if spec.setting == sel.runner_up
+                else "superseded"
+            )
             if spec.seed == self.design.selection_seed and spec.setting in sel.extensions:
                 role = "extension"
-            out.append({"recipe": spec.recipe, "lr": spec.setting.lr, "warmup": spec.setting.warmup,
-                        "seed": spec.seed, "role": role, "val_loss": o.val_loss,
-                        "status": status_of(o, self.unigram)})  # fmt: skip
+            out.append(
+                {
+                    "recipe": spec.recipe,
+                    "lr": spec.setting.lr,
+                    "warmup": spec.setting.warmup,
+                    "seed": spec.seed,
+                    "role": role,
+                    "val_loss": o.val_loss,
+                    "status": status_of(o, self.unigram),
+                }
+            )
         return out
 
 
 def tuned_markdown(report: TunedReport, rows: list[dict], provenance: TableProvenance, partial: bool) -> str:
     suite, d = report.suite, report.design
     total = sum(r["runs"] for r in rows)
-    lines = [f"# Suite `{suite.name}`{' (PARTIAL)' if partial else ''}", "", suite.about, "",
-             f"Rendered {time.strftime('%Y-%m-%d %H:%M')} from {total} runs (at most {d.max_runs} a recipe). "
-             f"Suite file: `{suite.path.name}`.", "", "Provenance (one arithmetic per table):", ""]  # fmt: skip
+    lines = [
+        f"# Suite `{suite.name}`{' (PARTIAL)' if partial else ''}",
+        "",
+        suite.about,
+        "",
+        f"Rendered {time.strftime('%Y-%m-%d %H:%M')} from {total} runs (at most {d.max_runs} a recipe). "
+        f"Suite file: `{suite.path.name}`.",
+        "",
+        "Provenance (one arithmetic per table):",
+        "",
+    ]
     lines += [f"- {line}" for line in provenance.lines()]
-    lines += ["", f"Protocol: profile `{suite.profile}`; every run with " + ", ".join(f"`{a[2:]}`" for a in
-              suite.train_args()) + f". Budget: LRs {', '.join(map(_lr, d.lrs))} x warmup fractions "
-              f"{', '.join(f'{w:g}' for w in d.warmups)} at selection seed {d.selection_seed}; up to "
-              f"{d.extensions} one-point LR extensions beyond an edge pick; then seeds "
-              f"{', '.join(map(str, d.seeds))} at the pick and {', '.join(map(str, d.runner_up_seeds))} at the "
-              "runner-up. The selection seed is not reported.", "",
-              "Numbers: the fresh seeds at the pick. Loss: mean ± 95% t interval over the seeds that learned; "
-              f"failures (not learning: within {NOT_LEARNING_NATS} nats of the unigram loss {report.unigram:.3f}, or "
-              "diverged) counted apart, k/n with Wilson's 95% interval. Δ: paired by seed against "
-              f"`{suite.reference}`, mean ± 95% t interval. Rows sharing a letter are not separated by their "
-              f"paired intervals (95%, not adjusted for multiple comparisons). LR range: the LRs within "
-              f"{d.lr_tolerance:g} nats of the pick at the selection seed, at its warmup (one seed each).",
-              ""]  # fmt: skip
+    lines += [
+        "",
+        f"Protocol: profile `{suite.profile}`; every run with "
+        + ", ".join(f"`{a[2:]}`" for a in suite.train_args())
+        + f". Budget: LRs {', '.join(map(_lr, d.lrs))} x warmup fractions "
+        f"{', '.join(f'{w:g}' for w in d.warmups)} at selection seed {d.selection_seed}; up to "
+        f"{d.extensions} one-point LR extensions beyond an edge pick; then seeds "
+        f"{', '.join(map(str, d.seeds))} at the pick and {', '.join(map(str, d.runner_up_seeds))} at the "
+        "runner-up. The selection seed is not reported.",
+        "",
+        "Numbers: the fresh seeds at the pick. Loss: mean ± 95% t interval over the seeds that learned; "
+        f"failures (not learning: within {NOT_LEARNING_NATS} nats of the unigram loss {report.unigram:.3f}, or "
+        "diverged) counted apart, k/n with Wilson's 95% interval. Δ: paired by seed against "
+        f"`{suite.reference}`, mean ± 95% t interval. Rows sharing a letter are not separated by their "
+        f"paired intervals (95%, not adjusted for multiple comparisons). LR range: the LRs within "
+        f"{d.lr_tolerance:g} nats of the pick at the selection seed, at its warmup (one seed each).",
+        "",
+    ]
     mixed = len(provenance.labels) > 1
     head = [
         "recipe",
@@ -222,15 +266,29 @@ def tuned_markdown(report: TunedReport, rows: list[dict], provenance: TableProve
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         lr = "-" if r.get("lr") is None else _lr(r["lr"]) + (f" ({r['lr_edge']} of grid)" if r.get("lr_edge") else "")
-        fails = r["failures"].text() + (f" {r['failure_kinds']}" if r.get("failure_kinds") else "") \
-            if r.get("failures") else "-"  # fmt: skip
-        cells = [f"`{r['recipe']}`", r.get("group") or "-", lr,
-                 "-" if r.get("warmup") is None else f"{r['warmup']:g}", str(r.get("seeds", 0)), fails,
-                 _fmt(r.get("val_loss")), _fmt(r.get("delta_val"), sign=True) if r["recipe"] != suite.reference
-                 else "reference", _fmt(r.get("test_loss")),
-                 _fmt(r.get("delta_test"), sign=True) if r["recipe"] != suite.reference else "reference",
-                 _fmt(r.get("val_bpb")), _fmt(r.get("test_ppl"), 1), r.get("lr_range", "-"),
-                 r.get("runner_up", "-"), f"{r['runs']}/{r['max_runs']}", r["status"]]  # fmt: skip
+        fails = (
+            r["failures"].text() + (f" {r['failure_kinds']}" if r.get("failure_kinds") else "")
+            if r.get("failures")
+            else "-"
+        )
+        cells = [
+            f"`{r['recipe']}`",
+            r.get("group") or "-",
+            lr,
+            "-" if r.get("warmup") is None else f"{r['warmup']:g}",
+            str(r.get("seeds", 0)),
+            fails,
+            _fmt(r.get("val_loss")),
+            _fmt(r.get("delta_val"), sign=True) if r["recipe"] != suite.reference else "reference",
+            _fmt(r.get("test_loss")),
+            _fmt(r.get("delta_test"), sign=True) if r["recipe"] != suite.reference else "reference",
+            _fmt(r.get("val_bpb")),
+            _fmt(r.get("test_ppl"), 1),
+            r.get("lr_range", "-"),
+            r.get("runner_up", "-"),
+            f"{r['runs']}/{r['max_runs']}",
+            r["status"],
+        ]
         if mixed:
             cells.append(provenance.row_mark(r["recipe"]))
         lines.append("| " + " | ".join(cells) + " |")
@@ -284,9 +342,17 @@ class PilotReport:
             setting = self.design.settings[recipe]
             for group in SeedPilot.GROUPS:
                 values = list(self.values(recipe, group).values())
-                rows.append({"recipe": recipe, "lr": setting.lr, "warmup": setting.warmup, "varies": group,
-                             "n": len(values), "mean": statistics.fmean(values) if values else None,
-                             "sd": statistics.stdev(values) if len(values) > 1 else None})  # fmt: skip
+                rows.append(
+                    {
+                        "recipe": recipe,
+                        "lr": setting.lr,
+                        "warmup": setting.warmup,
+                        "varies": group,
+                        "n": len(values),
+                        "mean": statistics.fmean(values) if values else None,
+                        "sd": statistics.stdev(values) if len(values) > 1 else None,
+                    }
+                )
         return rows
 
     def pairing_rows(self) -> list[dict[str, Any]]:
@@ -305,23 +371,40 @@ class PilotReport:
                 diffs = [a[k] - b[k] for k in common]
                 n = len(common)
                 sd_paired = statistics.stdev(diffs)
-                sd_unpaired = math.sqrt(statistics.variance([a[k] for k in common]) +
-                                        statistics.variance([b[k] for k in common]))  # fmt: skip
+                sd_unpaired = math.sqrt(
+                    statistics.variance([a[k] for k in common]) + statistics.variance([b[k] for k in common])
+                )
                 t = t_quantile(0.975, n - 1)
-                rows.append({"recipe": recipe, "reference": reference, "varies": group, "n": n,
-                             "mean_difference": statistics.fmean(diffs), "sd_paired": sd_paired,
-                             "sd_unpaired": sd_unpaired, "half_width_paired": t * sd_paired / math.sqrt(n),
-                             "half_width_unpaired": t * sd_unpaired / math.sqrt(n),
-                             "shared": 1 - sd_paired**2 / sd_unpaired**2 if sd_unpaired else None})  # fmt: skip
+                rows.append(
+                    {
+                        "recipe": recipe,
+                        "reference": reference,
+                        "varies": group,
+                        "n": n,
+                        "mean_difference": statistics.fmean(diffs),
+                        "sd_paired": sd_paired,
+                        "sd_unpaired": sd_unpaired,
+                        "half_width_paired": t * sd_paired / math.sqrt(n),
+                        "half_width_unpaired": t * sd_unpaired / math.sqrt(n),
+                        "shared": 1 - sd_paired**2 / sd_unpaired**2 if sd_unpaired else None,
+                    }
+                )
         return rows
 
 
 def pilot_markdown(report: PilotReport, provenance: TableProvenance, partial: bool) -> str:
     suite, d = report.suite, report.design
     spread, pairing = report.spread_rows(), report.pairing_rows()
-    lines = [f"# Seed pilot `{suite.name}`{' (PARTIAL)' if partial else ''}", "", suite.about, "",
-             f"Rendered {time.strftime('%Y-%m-%d %H:%M')}. Suite file: `{suite.path.name}`.", "",
-             "Provenance:", ""]  # fmt: skip
+    lines = [
+        f"# Seed pilot `{suite.name}`{' (PARTIAL)' if partial else ''}",
+        "",
+        suite.about,
+        "",
+        f"Rendered {time.strftime('%Y-%m-%d %H:%M')}. Suite file: `{suite.path.name}`.",
+        "",
+        "Provenance:",
+        "",
+    ]
     lines += [f"- {line}" for line in provenance.lines()]
     lines += [
         "",
@@ -337,20 +420,28 @@ def pilot_markdown(report: PilotReport, provenance: TableProvenance, partial: bo
     for r in spread:
         mean = "-" if r["mean"] is None else f"{r['mean']:.4f}"
         sd = "-" if r["sd"] is None else f"{r['sd']:.4f}"
-        lines.append(f"| `{r['recipe']}` | {_lr(r['lr'])} | {r['warmup']:g} | {names[r['varies']]} | {r['n']} | "
-                     f"{mean} | {sd} |")  # fmt: skip
-    lines += ["", "## Pairing by seed", "",
-              f"Each recipe minus `{suite.reference}`, over the seeds both have: the sd of the paired differences "
-              "against the sd of an unpaired difference (the two recipes' variances added), the 95% interval's "
-              "half-width each way, and the share of the variance the pair has in common (1 - paired / unpaired "
-              "variance: their correlation where the two spreads are equal).", "",
-              "| recipe | what varies | seeds | mean difference | sd paired | sd unpaired | ± paired | ± unpaired | "
-              "shared |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines.append(
+            f"| `{r['recipe']}` | {_lr(r['lr'])} | {r['warmup']:g} | {names[r['varies']]} | {r['n']} | {mean} | {sd} |"
+        )
+    lines += [
+        "",
+        "## Pairing by seed",
+        "",
+        f"Each recipe minus `{suite.reference}`, over the seeds both have: the sd of the paired differences "
+        "against the sd of an unpaired difference (the two recipes' variances added), the 95% interval's "
+        "half-width each way, and the share of the variance the pair has in common (1 - paired / unpaired "
+        "variance: their correlation where the two spreads are equal).",
+        "",
+        "| recipe | what varies | seeds | mean difference | sd paired | sd unpaired | ± paired | ± unpaired | shared |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in pairing:
         corr = "-" if r["shared"] is None else f"{r['shared']:.2f}"
-        lines.append(f"| `{r['recipe']}` | {names[r['varies']]} | {r['n']} | {r['mean_difference']:+.4f} | "
-                     f"{r['sd_paired']:.4f} | {r['sd_unpaired']:.4f} | {r['half_width_paired']:.4f} | "
-                     f"{r['half_width_unpaired']:.4f} | {corr} |")  # fmt: skip
+        lines.append(
+            f"| `{r['recipe']}` | {names[r['varies']]} | {r['n']} | {r['mean_difference']:+.4f} | "
+            f"{r['sd_paired']:.4f} | {r['sd_unpaired']:.4f} | {r['half_width_paired']:.4f} | "
+            f"{r['half_width_unpaired']:.4f} | {corr} |"
+        )
     failed = [f"`{r}`: " + "; ".join(report.failures(r)) for r in suite.recipes if report.failures(r)]
     lines += ["", "Runs that did not learn (left out above): " + (" ".join(failed) if failed else "none.")]
     return "\n".join(lines) + "\n"

@@ -116,8 +116,10 @@ class Progress:
         self.said = ""
 
     def say(self, finished: int, training: int, wanted: int) -> None:
-        line = (f"suite {self.suite.name}: {finished} runs finished, {training} training, {wanted} more wanted now "
-                f"(at most {self.most} in all)")  # fmt: skip
+        line = (
+            f"suite {self.suite.name}: {finished} runs finished, {training} training, {wanted} more wanted now "
+            f"(at most {self.most} in all)"
+        )
         if line != self.said:
             print(line, flush=True)
             self.said = line

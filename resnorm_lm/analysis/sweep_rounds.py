@@ -52,10 +52,16 @@ def run_sweep(args, profile: str, trainer: SweepTrainer) -> tuple[dict[Arm, Sele
         runs = finished_dirs(everything, args.root, profile)
         ensure_evaluated(list(runs.values()), "validation", args.eval_precision)
         outcomes = [(s.arm, outcome(s, d, args.eval_precision)) for s, d in runs.items()]
-        selections = {arm: select_setting(arm.recipe, [o for a, o in outcomes if a == arm], arm.depth, n_layer)
-                      for arm, n_layer in arms.items()}  # fmt: skip
-        wanted = {RunSpec(arm.recipe, setting, seed, arm.depth) for arm, sel in selections.items()
-                  for setting in sel.confirm for seed in args.seeds}  # fmt: skip
+        selections = {
+            arm: select_setting(arm.recipe, [o for a, o in outcomes if a == arm], arm.depth, n_layer)
+            for arm, n_layer in arms.items()
+        }
+        wanted = {
+            RunSpec(arm.recipe, setting, seed, arm.depth)
+            for arm, sel in selections.items()
+            for setting in sel.confirm
+            for seed in args.seeds
+        }
         new = sorted(wanted - set(specs), key=lambda s: (s.recipe, arms[s.arm], s.setting, s.seed))
         if not new:
             break

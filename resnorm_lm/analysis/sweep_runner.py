@@ -56,8 +56,11 @@ class SweepTrainer:
         if not training:
             when = "not training them (--no-train)"
         resume = sum(states[s] == "unfinished" for s in todo)
-        print(f"compare: {what}: {len(specs)} runs, {len(specs) - len(todo)} finished, {len(todo)} to train "
-              f"({resume} to resume); {when if todo else 'nothing to train'}", flush=True)  # fmt: skip
+        print(
+            f"compare: {what}: {len(specs)} runs, {len(specs) - len(todo)} finished, {len(todo)} to train "
+            f"({resume} to resume); {when if todo else 'nothing to train'}",
+            flush=True,
+        )
         return todo
 
     def train_all(self, specs: list[RunSpec]) -> None:
@@ -118,9 +121,20 @@ class SweepTrainer:
 
     def command(self, spec: RunSpec, resume: bool) -> list[str]:
         """The ``fit`` command that trains (or resumes) ``spec``'s run."""
-        return [sys.executable, "-m", "resnorm_lm", "fit", "--recipe", spec.recipe, "--profile", self.profile,
-                f"--seed_everything={spec.seed}", *self.run_options(spec), *(["--ckpt_path=last"] if resume else []),
-                *self.extra]  # fmt: skip
+        return [
+            sys.executable,
+            "-m",
+            "resnorm_lm",
+            "fit",
+            "--recipe",
+            spec.recipe,
+            "--profile",
+            self.profile,
+            f"--seed_everything={spec.seed}",
+            *self.run_options(spec),
+            *(["--ckpt_path=last"] if resume else []),
+            *self.extra,
+        ]
 
     def environment(self, slot: int) -> dict[str, str]:
         """The fit's environment: one GPU each where there are enough, else a share of the cores."""

@@ -34,8 +34,20 @@ from resnorm_lm.train.runs import REPO_ROOT, RunDir
 TRAIN_SBATCH = REPO_ROOT / "scripts" / "slurm" / "train.sbatch"
 # squeue's states of a job that has ended; any other state (PENDING, RUNNING, COMPLETING, REQUEUED,
 # SUSPENDED, ...) still holds its run
-ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
-                   "BOOT_FAIL", "DEADLINE", "REVOKED"})  # fmt: skip
+ENDED = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "REVOKED",
+    }
+)
 WAITING = frozenset({"PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "SPECIAL_EXIT", "RESV_DEL_HOLD"})
 
 
@@ -107,8 +119,15 @@ class SlurmSweepTrainer(SweepTrainer):
     """Trains run specs as SLURM jobs, at most ``options.max_jobs`` queued or running at once, and waits until
     each has ended: the local launcher's plan, data preparation and ``fit``, on the cluster."""
 
-    def __init__(self, profile: str, root: str, extra: list[str], options: SlurmOptions,
-                 queue: SlurmQueue | None = None, sleep: Callable[[float], None] = time.sleep) -> None:  # fmt: skip
+    def __init__(
+        self,
+        profile: str,
+        root: str,
+        extra: list[str],
+        options: SlurmOptions,
+        queue: SlurmQueue | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         super().__init__(profile, root, extra, jobs=options.max_jobs)
         self.options, self.queue, self.sleep = options, queue or SlurmQueue(), sleep
         accelerator = str(profile_trainer(profile).get("accelerator", "auto"))
@@ -146,15 +165,22 @@ class SlurmSweepTrainer(SweepTrainer):
         ids = sorted(watched, key=lambda job_id: (len(job_id), job_id))
         held_by = f" (job {', '.join(ids[:8])}{' ...' if len(ids) > 8 else ''})" if ids else ""
         again = f", {len(failed_before)} failed earlier in this compare (not submitted again)" if failed_before else ""
-        print(f"compare: SLURM: {len(specs)} runs to train: {len(watched)} already queued or running{held_by}, "
-              f"{len(to_submit)} to submit{again}", flush=True)  # fmt: skip
+        print(
+            f"compare: SLURM: {len(specs)} runs to train: {len(watched)} already queued or running{held_by}, "
+            f"{len(to_submit)} to submit{again}",
+            flush=True,
+        )
         if to_submit:
             self.prepare_data(to_submit)
         try:
             self.wait(watched, to_submit)
         except KeyboardInterrupt:  # Ctrl-C: compare stops, the jobs do not
-            print("\ncompare: stopped waiting; the SLURM jobs go on. Run the same command again to wait for them: it "
-                  "submits no run twice", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                "\ncompare: stopped waiting; the SLURM jobs go on. Run the same command again to wait for them: it "
+                "submits no run twice",
+                file=sys.stderr,
+                flush=True,
+            )
             raise SystemExit(130) from None
 
     def wait(self, watched: dict[str, RunSpec], to_submit: list[RunSpec]) -> None:
@@ -185,8 +211,10 @@ class SlurmSweepTrainer(SweepTrainer):
                 else:
                     watched[job_id] = spec
             queued = sum(job_id not in polled or polled[job_id].waiting for job_id in watched)  # just submitted: queued
-            line = (f"compare: SLURM jobs: {len(to_submit)} to submit, {queued} queued, {len(watched) - queued} "
-                    f"running, {done} done, {failed} failed")  # fmt: skip
+            line = (
+                f"compare: SLURM jobs: {len(to_submit)} to submit, {queued} queued, {len(watched) - queued} "
+                f"running, {done} done, {failed} failed"
+            )
             if line != said:
                 print(line, flush=True)
                 said = line
@@ -198,17 +226,25 @@ class SlurmSweepTrainer(SweepTrainer):
         resume = RunDir(spec.run_dir(self.root, self.profile)).state() == "unfinished"
         run_dir = self.job_run_dir(spec)
         run_dir.mkdir(parents=True, exist_ok=True)  # SLURM opens the job's log there
-        options = [f"--job-name={spec.recipe}/{run_dir.name}", f"--comment={run_dir}",
-                   f"--output={run_dir / 'slurm-%j.out'}", f"--chdir={REPO_ROOT}", "--export=ALL",
-                   *self.options.sbatch_options(self.gpus)]  # fmt: skip
+        options = [
+            f"--job-name={spec.recipe}/{run_dir.name}",
+            f"--comment={run_dir}",
+            f"--output={run_dir / 'slurm-%j.out'}",
+            f"--chdir={REPO_ROOT}",
+            "--export=ALL",
+            *self.options.sbatch_options(self.gpus),
+        ]
         try:
             job_id = self.queue.submit(options, TRAIN_SBATCH, self.job_environment(spec, resume))
         except SlurmError as err:
             self.failed.add(spec)
             print(f"compare: could not submit {self.label(spec)}: {err}", file=sys.stderr, flush=True)
             return None
-        print(f"compare: {'resuming' if resume else 'training'} {self.label(spec)}: SLURM job {job_id} "
-              f"(log: {self.log_path(spec, job_id)})", flush=True)  # fmt: skip
+        print(
+            f"compare: {'resuming' if resume else 'training'} {self.label(spec)}: SLURM job {job_id} "
+            f"(log: {self.log_path(spec, job_id)})",
+            flush=True,
+        )
         return job_id
 
     def job_environment(self, spec: RunSpec, resume: bool) -> dict[str, str]:
@@ -217,8 +253,14 @@ class SlurmSweepTrainer(SweepTrainer):
         env = {name: value for name, value in os.environ.items() if not name.startswith("SLURM_")}
         if "SLURM_CONF" in os.environ:
             env["SLURM_CONF"] = os.environ["SLURM_CONF"]
-        env.update(RECIPE=spec.recipe, PROFILE=self.profile, SEED=str(spec.seed), RESUME="last" if resume else "",
-                   ARGS=" ".join([*self.run_options(spec), *self.extra]), PYTHON=sys.executable)  # fmt: skip
+        env.update(
+            RECIPE=spec.recipe,
+            PROFILE=self.profile,
+            SEED=str(spec.seed),
+            RESUME="last" if resume else "",
+            ARGS=" ".join([*self.run_options(spec), *self.extra]),
+            PYTHON=sys.executable,
+        )
         threads = self.options.cpus_per_task(self.gpus)
         if threads is not None:  # torch would otherwise use every core of the node
             env["OMP_NUM_THREADS"] = str(threads)
@@ -233,8 +275,12 @@ class SlurmSweepTrainer(SweepTrainer):
         code = self.queue.exit_code(job_id)
         how = f"{job.state if job else 'ended'}{f', exit code {code}' if code else ''}"
         log = self.log_path(spec, job_id)
-        print(f"compare: FAILED {self.label(spec)}: SLURM job {job_id} {how}, its run unfinished; log: {log}\n"
-              + "\n".join(f"    {line}" for line in last_lines(log)), file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"compare: FAILED {self.label(spec)}: SLURM job {job_id} {how}, its run unfinished; log: {log}\n"
+            + "\n".join(f"    {line}" for line in last_lines(log)),
+            file=sys.stderr,
+            flush=True,
+        )
         return False
 
 

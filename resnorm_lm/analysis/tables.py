@@ -27,8 +27,13 @@ def mean_std(values: list[float]) -> tuple[float | None, float | None]:
     return statistics.fmean(finite), (statistics.stdev(finite) if len(finite) > 1 else 0.0)
 
 
-def recipe_row(sel: Selection, runs: dict[RunSpec, Path], unigram: float | None,
-               seeds_wanted: int | None = None, precision: str = RUN) -> dict[str, Any]:  # fmt: skip
+def recipe_row(
+    sel: Selection,
+    runs: dict[RunSpec, Path],
+    unigram: float | None,
+    seeds_wanted: int | None = None,
+    precision: str = RUN,
+) -> dict[str, Any]:
     """One table row: the chosen setting, validation and test over its seeds, flags, and the recipe's cost (test
     as recorded: a pick whose test split was not evaluated has none).
 
@@ -36,9 +41,13 @@ def recipe_row(sel: Selection, runs: dict[RunSpec, Path], unigram: float | None,
     so in its status: its mean is not comparable in weight with a full pick's."""
     mine = {s: d for s, d in runs.items() if s.arm == sel.arm}
     summaries = [RunDir(d).summary() for d in mine.values()]
-    row: dict[str, Any] = {"recipe": sel.recipe, "n_layer": sel.n_layer, "n_runs": len(mine),
-                           "train_s": round(sum(s.get("wall_s") or 0 for s in summaries), 1),
-                           "unigram_loss": unigram}  # fmt: skip
+    row: dict[str, Any] = {
+        "recipe": sel.recipe,
+        "n_layer": sel.n_layer,
+        "n_runs": len(mine),
+        "train_s": round(sum(s.get("wall_s") or 0 for s in summaries), 1),
+        "unigram_loss": unigram,
+    }
     if sel.chosen is None:
         n_div = sum(sc.n_diverged for sc in sel.scores)
         row["status"] = f"diverged at every setting ({n_div} runs)" if sel.scores else "missing"
@@ -79,19 +88,30 @@ def grid_rows(
     for sel in selections.values():
         for score in sorted(sel.scores, key=lambda s: s.setting):
             n, stuck = len(score.outcomes), sum(o.not_learning(unigram) for o in score.outcomes)
-            flags = [f"{what} {count}/{n}" for what, count in (("diverged", score.n_diverged), ("not learning", stuck))
-                     if count]  # fmt: skip
+            flags = [
+                f"{what} {count}/{n}"
+                for what, count in (("diverged", score.n_diverged), ("not learning", stuck))
+                if count
+            ]
             # the loss shown is over the seeds that did not diverge; such a setting is never chosen (score.mean)
             clips = [RunDir(runs[o.spec]).summary().get("clip") for o in score.outcomes if o.spec in runs]
             clipped = [c["clipped_fraction"] for c in clips if c]  # runs from before the record have none
-            rows.append({"recipe": sel.recipe, "n_layer": sel.n_layer, "lr": score.setting.lr,
-                         "warmup": score.setting.warmup, "n_seeds": n,
-                         "val_loss_mean": statistics.fmean(score.losses) if score.losses else None,
-                         "val_loss_std": score.std if score.losses else None, "n_diverged": score.n_diverged,
-                         "status": ", ".join(flags) or "ok",
-                         "clipped_mean": statistics.fmean(clipped) if clipped else None,
-                         "eval_precision": eval_precisions([runs[o.spec] for o in score.outcomes if o.spec in runs]),
-                         "chosen": sel.chosen is not None and score.setting == sel.chosen.setting})  # fmt: skip
+            rows.append(
+                {
+                    "recipe": sel.recipe,
+                    "n_layer": sel.n_layer,
+                    "lr": score.setting.lr,
+                    "warmup": score.setting.warmup,
+                    "n_seeds": n,
+                    "val_loss_mean": statistics.fmean(score.losses) if score.losses else None,
+                    "val_loss_std": score.std if score.losses else None,
+                    "n_diverged": score.n_diverged,
+                    "status": ", ".join(flags) or "ok",
+                    "clipped_mean": statistics.fmean(clipped) if clipped else None,
+                    "eval_precision": eval_precisions([runs[o.spec] for o in score.outcomes if o.spec in runs]),
+                    "chosen": sel.chosen is not None and score.setting == sel.chosen.setting,
+                }
+            )
     return rows
 
 

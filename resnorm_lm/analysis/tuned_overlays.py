@@ -25,8 +25,15 @@ def tuned_names(table: list[dict], own_depths: dict[str, int]) -> dict[int, str]
     return {i: name for i, name in names.items() if name == table[i]["recipe"] or name not in compared}
 
 
-def write_tuned_overlays(table: list[dict], grid: list[dict], out_dir: Path, profile: str, command: str,
-                         hardware: str, own_depths: dict[str, int] | None = None) -> None:  # fmt: skip
+def write_tuned_overlays(
+    table: list[dict],
+    grid: list[dict],
+    out_dir: Path,
+    profile: str,
+    command: str,
+    hardware: str,
+    own_depths: dict[str, int] | None = None,
+) -> None:
     """``<results>/<profile>/tuned/<recipe>.yaml`` for every recipe with a chosen lr and warmup: copied into
     ``recipes/tuned/<profile>/``, it becomes that recipe's default at that profile. A recipe compared at
     another depth gives the overlay of the recipe of that depth (``tuned_names``)."""
@@ -41,8 +48,10 @@ def write_tuned_overlays(table: list[dict], grid: list[dict], out_dir: Path, pro
             if g["recipe"] == row["recipe"] and g.get("n_layer") == row.get("n_layer"):
                 mark = "  <- chosen" if g["chosen"] else ""
                 warmup = "the recipe's" if g["warmup"] is None else g["warmup"]
-                evidence.append(f"lr {g['lr']:g}, warmup {warmup}, {g['n_seeds']} seed(s): "
-                                f"{num(g['val_loss_mean'], g['val_loss_std'])} ({g['status']}){mark}")  # fmt: skip
+                evidence.append(
+                    f"lr {g['lr']:g}, warmup {warmup}, {g['n_seeds']} seed(s): "
+                    f"{num(g['val_loss_mean'], g['val_loss_std'])} ({g['status']}){mark}"
+                )
         if row.get("lr_edge"):
             evidence.append(f"the chosen lr is the {row['lr_edge']} of the grid: widen it on that side")
         if row.get("warmup_edge"):

@@ -50,8 +50,10 @@ class DataCache:
     def __init__(self, root: str | os.PathLike | None = None) -> None:
         self.root = Path(root).expanduser() if root is not None else default_cache_dir()
         if self.root.exists() and not self.root.is_dir():
-            raise DataError(f"the data cache {self.root} is a file, not a folder: choose data.cache_dir (or "
-                            "$RESNORM_LM_CACHE) elsewhere")  # fmt: skip
+            raise DataError(
+                f"the data cache {self.root} is a file, not a folder: choose data.cache_dir (or "
+                "$RESNORM_LM_CACHE) elsewhere"
+            )
 
     def folder(self, *parts: str) -> Path:
         path = self.root.joinpath(*parts)

@@ -40,8 +40,13 @@ class ResidualStream(nn.Module):
     (ResiDual's) subclasses this and says how it enters, exits and which tensor is its residual.
     """
 
-    def __init__(self, cfg: GPTConfig, blocks: list[Block], final_norm: nn.Module | None = None,
-                 embed_norm: nn.Module | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: GPTConfig,
+        blocks: list[Block],
+        final_norm: nn.Module | None = None,
+        embed_norm: nn.Module | None = None,
+    ) -> None:
         super().__init__()
         # registered in this order: the parameters' order (the optimizer's state, the summed gradient norm) with it
         self.embed_scale = NORM_BACKENDS.get(cfg.norm_backend).norm_class(cfg.norm).input_scale(cfg.n_embd)

@@ -39,8 +39,15 @@ def sample_tokens(
         model.train(was_training)
 
 
-def stream_text(model: GPT, tokenizer, prompt_ids: list[int], max_new_tokens: int, temperature: float = 0.8,
-                top_k: int | None = 50, generator: torch.Generator | None = None) -> Iterator[str]:  # fmt: skip
+def stream_text(
+    model: GPT,
+    tokenizer,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    temperature: float = 0.8,
+    top_k: int | None = 50,
+    generator: torch.Generator | None = None,
+) -> Iterator[str]:
     """The generated text piece by piece, holding back a multi-byte character until it is complete."""
     device = next(model.parameters()).device
     prompt = torch.tensor(prompt_ids, device=device)

@@ -77,8 +77,11 @@ class GPTConfig:
         state them for every variant.)"""
         default = {f.name: f.default for f in fields(GPTConfig)}
         if not placement.has_norms:
-            keys = [key for key in ("norm", "norm_backend", "norm_eps")
-                    if getattr(self, key) != default[key] and not (key == "norm" and self.norm == "none")]  # fmt: skip
+            keys = [
+                key
+                for key in ("norm", "norm_backend", "norm_eps")
+                if getattr(self, key) != default[key] and not (key == "norm" and self.norm == "none")
+            ]
             if keys:
                 given = ", ".join(f"{k}={getattr(self, k)!r}" for k in keys)
                 raise ValueError(
@@ -164,19 +167,22 @@ class GPT(nn.Module):
 
 # A checkpoint written before each placement became a block names its weights as the model was then built:
 # the blocks at the top level with their norms under ``placement``, the stream's ends as three modules.
-OLDER_KEYS = [(re.compile(old), new) for old, new in (
-    (r"^blocks\.(\d+)\.placement\.(?:inner\.)?norms\.0\.", r"stream.blocks.\1.attn_norm."),
-    (r"^blocks\.(\d+)\.placement\.(?:inner\.)?norms\.1\.", r"stream.blocks.\1.mlp_norm."),
-    (r"^blocks\.(\d+)\.placement\.norms_in\.0\.", r"stream.blocks.\1.attn_in_norm."),
-    (r"^blocks\.(\d+)\.placement\.norms_in\.1\.", r"stream.blocks.\1.mlp_in_norm."),
-    (r"^blocks\.(\d+)\.placement\.norms_out\.0\.", r"stream.blocks.\1.attn_out_norm."),
-    (r"^blocks\.(\d+)\.placement\.norms_out\.1\.", r"stream.blocks.\1.mlp_out_norm."),
-    (r"^blocks\.(\d+)\.placement\.gates$", r"stream.blocks.\1.alpha"),
-    (r"^blocks\.", "stream.blocks."),
-    (r"^embed_scale\.", "stream.embed_scale."),
-    (r"^embedding_norm\.", "stream.embed_norm."),
-    (r"^readout\.(?:norm\.)?", "stream.final_norm."),
-)]  # fmt: skip
+OLDER_KEYS = [
+    (re.compile(old), new)
+    for old, new in (
+        (r"^blocks\.(\d+)\.placement\.(?:inner\.)?norms\.0\.", r"stream.blocks.\1.attn_norm."),
+        (r"^blocks\.(\d+)\.placement\.(?:inner\.)?norms\.1\.", r"stream.blocks.\1.mlp_norm."),
+        (r"^blocks\.(\d+)\.placement\.norms_in\.0\.", r"stream.blocks.\1.attn_in_norm."),
+        (r"^blocks\.(\d+)\.placement\.norms_in\.1\.", r"stream.blocks.\1.mlp_in_norm."),
+        (r"^blocks\.(\d+)\.placement\.norms_out\.0\.", r"stream.blocks.\1.attn_out_norm."),
+        (r"^blocks\.(\d+)\.placement\.norms_out\.1\.", r"stream.blocks.\1.mlp_out_norm."),
+        (r"^blocks\.(\d+)\.placement\.gates$", r"stream.blocks.\1.alpha"),
+        (r"^blocks\.", "stream.blocks."),
+        (r"^embed_scale\.", "stream.embed_scale."),
+        (r"^embedding_norm\.", "stream.embed_norm."),
+        (r"^readout\.(?:norm\.)?", "stream.final_norm."),
+    )
+]
 
 
 def rename_keys_of_older_checkpoints(module: nn.Module, state_dict: dict, prefix: str, *args) -> None:

@@ -78,8 +78,9 @@ def describe(device: torch.device, precision: str) -> dict[str, Any]:
 
 def fingerprint(arch: GPTConfig, batch_size: int, device: torch.device, precision: str) -> dict[str, Any]:
     """The run's fingerprint: ``reference`` and ``model`` digests (see the module's docstring) and the version."""
-    reference = GPTConfig(vocab_size=arch.vocab_size, block_size=arch.block_size, n_layer=2, n_head=arch.n_head,
-                          n_embd=arch.n_embd)  # fmt: skip
+    reference = GPTConfig(
+        vocab_size=arch.vocab_size, block_size=arch.block_size, n_layer=2, n_head=arch.n_head, n_embd=arch.n_embd
+    )
     return {
         "version": FINGERPRINT_VERSION,
         "reference": probe_digest(reference, batch_size, device, precision),
@@ -96,8 +97,9 @@ def probe_digest(arch: GPTConfig, batch_size: int, device: torch.device, precisi
         if dtype is not None:
             model = model.to(dtype)
         autocast = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
-        optimizer, schedule = build_optimizer(model, OptimConfig(lr=1e-3, schedule="constant", warmup_fraction=0.0),
-                                              PROBE_STEPS)  # fmt: skip
+        optimizer, schedule = build_optimizer(
+            model, OptimConfig(lr=1e-3, schedule="constant", warmup_fraction=0.0), PROBE_STEPS
+        )
         tokens = torch.Generator().manual_seed(0)
         digest = hashlib.sha256()
         for _ in range(PROBE_STEPS):
@@ -133,12 +135,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--portable", action="store_true", help="in the portable arithmetic (the suites')")
     args = parser.parse_args(argv)
     if args.portable and not is_portable(environment()):  # the caps are read when the libraries load: start again
-        os.execve(sys.executable, [sys.executable, "-m", "resnorm_lm.train.arithmetic", *sys.argv[1:]],
-                  {**os.environ, **PORTABLE_ENV})  # fmt: skip
+        os.execve(
+            sys.executable,
+            [sys.executable, "-m", "resnorm_lm.train.arithmetic", *sys.argv[1:]],
+            {**os.environ, **PORTABLE_ENV},
+        )
     config = yaml.safe_load((RECIPES_DIR / "profiles" / f"{resolve_profile(args.profile)}.yaml").read_text())
     arch, data = config["model"]["arch"], config["data"]
-    reference = GPTConfig(vocab_size=data["vocab_size"], block_size=data["block_size"], n_layer=2,
-                          n_head=arch["n_head"], n_embd=arch["n_embd"])  # fmt: skip
+    reference = GPTConfig(
+        vocab_size=data["vocab_size"],
+        block_size=data["block_size"],
+        n_layer=2,
+        n_head=arch["n_head"],
+        n_embd=arch["n_embd"],
+    )
     use_for_run("32-true", data["batch_size"], arch["n_head"], data["block_size"], arch["n_embd"])  # as a fit does
     record = describe(torch.device("cpu"), "32-true")
     digest = probe_digest(reference, data["batch_size"], torch.device("cpu"), "32-true")

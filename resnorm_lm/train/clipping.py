@@ -35,8 +35,12 @@ class ClipRecord:
         if self.counts is None:
             return None
         steps, clipped = self.counts.tolist()
-        return {"max_norm": self.max_norm, "steps": steps, "clipped_steps": clipped,
-                "clipped_fraction": clipped / steps if steps else 0.0}  # fmt: skip
+        return {
+            "max_norm": self.max_norm,
+            "steps": steps,
+            "clipped_steps": clipped,
+            "clipped_fraction": clipped / steps if steps else 0.0,
+        }
 
     def state_dict(self) -> dict:
         return {"counts": None if self.counts is None else self.counts.cpu().tolist(), "max_norm": self.max_norm}

@@ -57,9 +57,11 @@ def check_hardware(accelerator: str | None) -> str | None:
     """A setting that asks for a GPU on a machine without one (the gpu profile on a laptop)."""
     if str(accelerator) in ("gpu", "cuda") and not torch.cuda.is_available():
         build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
-        return (f"trainer.accelerator={accelerator} asks for a CUDA GPU, and none is usable here (torch "
-                f"{torch.__version__}, {build}); use PROFILE=cpu, or PROFILE=auto, which picks the gpu "
-                "profile only where CUDA is available")  # fmt: skip
+        return (
+            f"trainer.accelerator={accelerator} asks for a CUDA GPU, and none is usable here (torch "
+            f"{torch.__version__}, {build}); use PROFILE=cpu, or PROFILE=auto, which picks the gpu "
+            "profile only where CUDA is available"
+        )
     return None
 
 

@@ -55,9 +55,11 @@ class AttentionProbe:
 
     def describe(self) -> str:
         b, h, t, d = self.shape
-        return (f"attention on CPU in {self.dtype}: SDPA's {self.backend} backend ({self.math_ms:.1f} ms math, "
-                f"{self.flash_ms:.1f} ms flash for the forward and backward of {b} x {h} heads x {t} x {d}, "
-                f"medians of {self.pairs} interleaved pairs of one thread's CPU time)")  # fmt: skip
+        return (
+            f"attention on CPU in {self.dtype}: SDPA's {self.backend} backend ({self.math_ms:.1f} ms math, "
+            f"{self.flash_ms:.1f} ms flash for the forward and backward of {b} x {h} heads x {t} x {d}, "
+            f"medians of {self.pairs} interleaved pairs of one thread's CPU time)"
+        )
 
 
 def measure(dtype: str, shape: tuple[int, int, int, int], pairs: int = PAIRS) -> AttentionProbe:
@@ -74,9 +76,14 @@ def measure(dtype: str, shape: tuple[int, int, int, int], pairs: int = PAIRS) ->
         return time.thread_time() - start
 
     times = interleaved_thread_times({name: lambda name=name: once(name) for name in BACKENDS}, pairs)
-    return AttentionProbe(dtype=dtype, shape=list(shape), flash_ms=1e3 * statistics.median(times["flash"]),
-                          math_ms=1e3 * statistics.median(times["math"]), pairs=pairs,
-                          measured=time.strftime("%Y-%m-%d %H:%M"))  # fmt: skip
+    return AttentionProbe(
+        dtype=dtype,
+        shape=list(shape),
+        flash_ms=1e3 * statistics.median(times["flash"]),
+        math_ms=1e3 * statistics.median(times["math"]),
+        pairs=pairs,
+        measured=time.strftime("%Y-%m-%d %H:%M"),
+    )
 
 
 def choose(dtype: str, shape: tuple[int, int, int, int], remeasure: bool = False) -> tuple[AttentionProbe, str]:
@@ -123,8 +130,14 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m resnorm_lm.train.cpu_attention``: which SDPA backend attention uses on this CPU, and why."""
     parser = argparse.ArgumentParser(prog="python -m resnorm_lm.train.cpu_attention", description=main.__doc__)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
-    parser.add_argument("--shape", type=int, nargs=4, default=[16, 4, 128, 32], metavar=("B", "H", "T", "D"),
-                        help="batch, heads, length, head width (default: the cpu profile's)")  # fmt: skip
+    parser.add_argument(
+        "--shape",
+        type=int,
+        nargs=4,
+        default=[16, 4, 128, 32],
+        metavar=("B", "H", "T", "D"),
+        help="batch, heads, length, head width (default: the cpu profile's)",
+    )
     parser.add_argument("--measure", action="store_true", help="measure again and replace the kept result")
     args = parser.parse_args(argv)
     probe, source = choose(args.dtype, tuple(args.shape), remeasure=args.measure)

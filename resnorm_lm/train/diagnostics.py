@@ -23,8 +23,10 @@ def grad_norms(model: GPT) -> tuple[float, list[float]]:
     if not grads:
         return 0.0, [0.0] * len(model.blocks)
     total = l2_norm(grads)
-    per_layer = [l2_norm([p.grad.detach() for p in block.parameters() if p.ndim == 2 and p.grad is not None])
-                 for block in model.blocks]  # fmt: skip
+    per_layer = [
+        l2_norm([p.grad.detach() for p in block.parameters() if p.ndim == 2 and p.grad is not None])
+        for block in model.blocks
+    ]
     values = torch.stack([total, *(n.to(total.device) for n in per_layer)]).tolist()  # (1 + L,): the one sync
     return values[0], values[1:]
 

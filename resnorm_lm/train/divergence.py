@@ -118,8 +118,12 @@ class DivergenceGuard:
         return "stop"
 
     def state_dict(self) -> dict[str, Any]:
-        return {"running_min": self.running_min, "skipped": self.skipped, "skipped_in_a_row": self.skipped_in_a_row,
-                "diverged": self.diverged}  # fmt: skip
+        return {
+            "running_min": self.running_min,
+            "skipped": self.skipped,
+            "skipped_in_a_row": self.skipped_in_a_row,
+            "diverged": self.diverged,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.running_min = state["running_min"]

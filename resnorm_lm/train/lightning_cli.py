@@ -79,8 +79,9 @@ class ResnormCLI(LightningCLI):
         seed = None if cfg.seed_everything is False else cfg.seed_everything  # an int once Lightning resolved True
         if cfg.data.seed is None:  # seed k sets the data order too, the same for every recipe: runs pair by seed
             cfg.data.seed = seed if seed is not None else DEFAULT_DATA_SEED
-        self.run_dir = run_directory(self.run_config, cfg.seed_everything, data_seed=cfg.data.seed,
-                                     init_seed=cfg.model.init_seed)  # fmt: skip
+        self.run_dir = run_directory(
+            self.run_config, cfg.seed_everything, data_seed=cfg.data.seed, init_seed=cfg.model.init_seed
+        )
         self.slurm_job = SlurmJob.from_environment()  # None unless this process is a task that srun started
         self.resume_step: int | None = None
         self.resume_precision: str | None = None
@@ -108,8 +109,10 @@ class ResnormCLI(LightningCLI):
         """Say whether the model is compiled and, on a CPU, set and say which attention kernel runs (measured)."""
         compiled = "on" if cfg.model.compile else "off"
         profile = self.run_config.profile
-        choices = {"compile": f"torch.compile {compiled} (model.compile, set by the {profile} profile; "
-                              "`make bench` measures its saving per step against its compile time)"}  # fmt: skip
+        choices = {
+            "compile": f"torch.compile {compiled} (model.compile, set by the {profile} profile; "
+            "`make bench` measures its saving per step against its compile time)"
+        }
         arch, data = cfg.model.arch, cfg.data
         sizes = (arch.n_head, arch.n_embd, data.batch_size, data.block_size)
         shape_is_valid = all(isinstance(n, int) and n > 0 for n in sizes) and arch.n_embd % arch.n_head == 0
@@ -176,10 +179,18 @@ class ResnormCLI(LightningCLI):
         cfg = self.config[self.subcommand]
         trainer = cfg.trainer.as_dict()
         run = {k: getattr(self.run_config, k) for k in ("recipe", "profile", "tag")}
-        run.update(seed=cfg.seed_everything, world_size=processes(trainer),
-                   accumulate_grad_batches=trainer.get("accumulate_grad_batches") or 1)  # fmt: skip
-        return ResumeRequest(arch=cfg.model.arch.as_dict(), optim=cfg.model.optim.as_dict(), data=cfg.data.as_dict(),
-                             run=run, max_steps=trainer.get("max_steps") or -1)  # fmt: skip
+        run.update(
+            seed=cfg.seed_everything,
+            world_size=processes(trainer),
+            accumulate_grad_batches=trainer.get("accumulate_grad_batches") or 1,
+        )
+        return ResumeRequest(
+            arch=cfg.model.arch.as_dict(),
+            optim=cfg.model.optim.as_dict(),
+            data=cfg.data.as_dict(),
+            run=run,
+            max_steps=trainer.get("max_steps") or -1,
+        )
 
     # ------------------------------------------------------------------ the trainer
 
@@ -201,7 +212,7 @@ class ResnormCLI(LightningCLI):
                 # always last.ckpt: with a counter, a run resumed from a last.ckpt that a SIGTERM (not this
                 # callback) wrote would go on saving last-v1.ckpt and leave last.ckpt stale
                 enable_version_counter=False,
-            ),  # fmt: skip
+            ),
             ModelCheckpoint(
                 dirpath=ckpt_dir,
                 filename="best",
@@ -210,7 +221,7 @@ class ResnormCLI(LightningCLI):
                 save_top_k=1,
                 auto_insert_metric_name=False,
                 enable_version_counter=False,
-            ),  # fmt: skip
+            ),
             LearningRateMonitor(logging_interval="step"),
             SparseThroughputMonitor(  # the device synced on logging steps only
                 batch_size_fn=lambda batch: batch[0].size(0), length_fn=lambda batch: batch[0].numel()
@@ -218,8 +229,9 @@ class ResnormCLI(LightningCLI):
         ]
         if self.subcommand == "fit":
             seed = self._get(self.config, "seed_everything")
-            callbacks.append(RunManifest(self.run_dir, run, seed, self.precision_choice, self.resume_step,
-                                         self.kernel_choices))  # fmt: skip
+            callbacks.append(
+                RunManifest(self.run_dir, run, seed, self.precision_choice, self.resume_step, self.kernel_choices)
+            )
             last = run_dir.last_checkpoint
             preempt = preemption_callback(self.slurm_job, last, lambda: self._finish(preempted=True))
             callbacks += [preempt, FinalCheckpoint(last, run.checkpoint_every)]
@@ -258,8 +270,10 @@ def check_settings(cfg) -> None:
     if problems:
         raise UsageError("invalid trainer settings:\n  " + "\n  ".join(problems))
     accelerator = trainer.get("accelerator")
-    for problem in (check_hardware(accelerator),
-                    check_memory(cfg.model.arch.as_dict(), cfg.data.batch_size, uses_cuda(accelerator))):  # fmt: skip
+    for problem in (
+        check_hardware(accelerator),
+        check_memory(cfg.model.arch.as_dict(), cfg.data.batch_size, uses_cuda(accelerator)),
+    ):
         if problem:
             raise UsageError(problem)
 
@@ -327,5 +341,7 @@ def no_checkpoint_at(path: str) -> str:
         return f"checkpoint {path} does not exist"
     last = RunDir(Path(path)).last_checkpoint
     latest = f" ({last} is its latest)" if last.is_file() else ""
-    return (f"--ckpt_path {path} is a directory, not a checkpoint: give a .ckpt file{latest}, or `last` "
-            "(RESUME=last) to resume the run this command names")  # fmt: skip
+    return (
+        f"--ckpt_path {path} is a directory, not a checkpoint: give a .ckpt file{latest}, or `last` "
+        "(RESUME=last) to resume the run this command names"
+    )

@@ -211,8 +211,12 @@ class LanguageModel(L.LightningModule):
         optimizer, schedule = build_optimizer(self.model, self.optim, self.schedule_steps, fused=fused)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
-    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
-                                    gradient_clip_algorithm: str | None = None) -> None:  # fmt: skip
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
         """Clip by norm here, counting the steps where it binds (``ClipRecord``), and a fused optimizer's gradients
         by value: Lightning's mixed-precision plugin refuses to clip for any optimizer that can unscale inside its
         step (fused AdamW), even under bf16, where nothing is scaled and the gradients are the true ones. With a
@@ -372,8 +376,13 @@ class LanguageModel(L.LightningModule):
 def numpy_rng_state() -> dict:
     """numpy's global RNG state as tensors and ints, loadable as data (resnorm_lm/train/checkpoint_io.py)."""
     name, keys, pos, has_gauss, cached = np.random.get_state()
-    return {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-            "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}  # fmt: skip
+    return {
+        "name": name,
+        "keys": torch.from_numpy(keys.astype(np.int64)),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached_gaussian": float(cached),
+    }
 
 
 def set_numpy_rng_state(state: dict) -> None:
@@ -395,5 +404,8 @@ def identity_differences(then: dict[str, str], now: dict[str, str]) -> list[str]
 
     Only the keys the checkpoint records count: one written before a key existed is judged on the others.
     """
-    return [f"{key}: checkpoint {then[key]} vs now {now.get(key, 'none')}" for key in sorted(then)
-            if now.get(key) != then[key]]  # fmt: skip
+    return [
+        f"{key}: checkpoint {then[key]} vs now {now.get(key, 'none')}"
+        for key in sorted(then)
+        if now.get(key) != then[key]
+    ]

@@ -34,8 +34,9 @@ class SparseThroughputMonitor(ThroughputMonitor):
     def syncs_device(self, trainer: L.Trainer) -> bool:
         return trainer.strategy.root_device.type == "cuda"
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int, *args: Any) -> None:  # fmt: skip
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int, *args: Any
+    ) -> None:
         logging_step = ends_optimizer_step(trainer, batch_idx) and logs_this_step(trainer)
         if logging_step or not self.syncs_device(trainer) or not trainer.is_global_zero:
             super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx, *args)  # rank zero only

@@ -75,11 +75,16 @@ def cpu_features() -> dict:
         if get_capabilities is not None:
             return dict(get_capabilities())
         return {"architecture": platform.machine(), "cpu_name": platform.processor() or platform.machine()}
-    fields = {key.strip(): value.strip() for key, value in (line.split(":", 1) for line in first_cpu.splitlines()
-                                                           if ":" in line)}  # fmt: skip
+    fields = {
+        key.strip(): value.strip()
+        for key, value in (line.split(":", 1) for line in first_cpu.splitlines() if ":" in line)
+    }
     flags = fields.get("flags", fields.get("Features", "")).split()  # x86 says flags, Arm says Features
-    return {"architecture": platform.machine(), "cpu_name": fields.get("model name", platform.machine()),
-            **dict.fromkeys(flags, True)}  # fmt: skip
+    return {
+        "architecture": platform.machine(),
+        "cpu_name": fields.get("model name", platform.machine()),
+        **dict.fromkeys(flags, True),
+    }
 
 
 def is_x86(features: dict) -> bool:
@@ -130,9 +135,11 @@ class Bf16Probe:
 
     def describe(self) -> str:
         relative = f"{self.speedup:.2f}x as fast as" if self.speedup >= 1 else f"{1 / self.speedup:.1f}x slower than"
-        return (f"the forward and backward of a {PROBE_WIDTH}->{PROBE_HIDDEN}->{PROBE_WIDTH} MLP on {PROBE_ROWS} rows "
-                f"ran {relative} fp32 under bf16 autocast ({self.bf16_ms:.1f} ms against {self.fp32_ms:.1f} ms of "
-                f"one thread's CPU time, medians of {self.pairs} interleaved pairs)")  # fmt: skip
+        return (
+            f"the forward and backward of a {PROBE_WIDTH}->{PROBE_HIDDEN}->{PROBE_WIDTH} MLP on {PROBE_ROWS} rows "
+            f"ran {relative} fp32 under bf16 autocast ({self.bf16_ms:.1f} ms against {self.fp32_ms:.1f} ms of "
+            f"one thread's CPU time, medians of {self.pairs} interleaved pairs)"
+        )
 
 
 def measure_cpu_bf16(pairs: int = PROBE_PAIRS) -> Bf16Probe:
@@ -144,8 +151,9 @@ def measure_cpu_bf16(pairs: int = PROBE_PAIRS) -> Bf16Probe:
     Pairs alternate their order, and the median of the per-pair ratios decides.
     """
     gen = torch.Generator().manual_seed(0)
-    mlp = torch.nn.Sequential(torch.nn.Linear(PROBE_WIDTH, PROBE_HIDDEN), torch.nn.GELU(),
-                              torch.nn.Linear(PROBE_HIDDEN, PROBE_WIDTH))  # fmt: skip
+    mlp = torch.nn.Sequential(
+        torch.nn.Linear(PROBE_WIDTH, PROBE_HIDDEN), torch.nn.GELU(), torch.nn.Linear(PROBE_HIDDEN, PROBE_WIDTH)
+    )
     x = torch.randn(PROBE_ROWS, PROBE_WIDTH, generator=gen, requires_grad=True)  # (rows, C)
 
     def step(bf16: bool) -> float:
@@ -159,9 +167,13 @@ def measure_cpu_bf16(pairs: int = PROBE_PAIRS) -> Bf16Probe:
 
     times = interleaved_thread_times({"fp32": lambda: step(False), "bf16": lambda: step(True)}, pairs)
     fp32, bf16 = times["fp32"], times["bf16"]
-    return Bf16Probe(speedup=statistics.median(f / h for f, h in zip(fp32, bf16)),
-                     fp32_ms=1e3 * statistics.median(fp32), bf16_ms=1e3 * statistics.median(bf16), pairs=pairs,
-                     measured=time.strftime("%Y-%m-%d %H:%M"))  # fmt: skip
+    return Bf16Probe(
+        speedup=statistics.median(f / h for f, h in zip(fp32, bf16)),
+        fp32_ms=1e3 * statistics.median(fp32),
+        bf16_ms=1e3 * statistics.median(bf16),
+        pairs=pairs,
+        measured=time.strftime("%Y-%m-%d %H:%M"),
+    )
 
 
 def interleaved_thread_times(steps: dict, pairs: int) -> dict[str, list[float]]:
@@ -187,8 +199,12 @@ def interleaved_thread_times(steps: dict, pairs: int) -> dict[str, list[float]]:
 
 def machine_key() -> dict:
     """What the probe's answer depends on: the CPU, its cores, torch (its kernels), the probe itself."""
-    return {"cpu": cpu_features().get("cpu_name") or platform.processor(), "cores": os.cpu_count(),
-            "torch": torch.__version__, "probe": PROBE_VERSION}  # fmt: skip
+    return {
+        "cpu": cpu_features().get("cpu_name") or platform.processor(),
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "probe": PROBE_VERSION,
+    }
 
 
 def probe_cache_path(key: dict) -> Path:
@@ -207,8 +223,14 @@ def read_kept(path: Path, key: dict, load):
 def cpu_bf16_probe(measure: bool = False) -> tuple[Bf16Probe, str]:
     """This machine's probe and where it came from: kept in the cache, or measured now (always when ``measure``)."""
     key = machine_key()
-    return kept_per_machine(probe_cache_path(key), key, lambda: measure_cpu_bf16(), lambda d: Bf16Probe(**d),
-                            "python -m resnorm_lm.train.precision --measure", measure)  # fmt: skip
+    return kept_per_machine(
+        probe_cache_path(key),
+        key,
+        lambda: measure_cpu_bf16(),
+        lambda d: Bf16Probe(**d),
+        "python -m resnorm_lm.train.precision --measure",
+        measure,
+    )
 
 
 def kept_per_machine(path: Path, key: dict, measure_now, load, again: str, measure: bool = False):
@@ -242,8 +264,9 @@ def choose_auto(cuda: bool, measure: bool = False) -> PrecisionChoice:
     probe, source = cpu_bf16_probe(measure)
     if probe.speedup >= BF16_MIN_SPEEDUP:
         return PrecisionChoice("bf16-mixed", f"{probe.describe()}; {source}")
-    return PrecisionChoice("32-true", f"{probe.describe()}, less than the {BF16_MIN_SPEEDUP}x that bf16 must gain; "
-                                      f"{source}")  # fmt: skip
+    return PrecisionChoice(
+        "32-true", f"{probe.describe()}, less than the {BF16_MIN_SPEEDUP}x that bf16 must gain; {source}"
+    )
 
 
 def check_runnable(precision: str, cuda: bool) -> str:
@@ -277,8 +300,9 @@ def resolve_precision(requested: str | int | None, cuda: bool, resumed_with: str
     if resumed_with is not None:
         if resumed_with == "16-mixed" and not cuda:
             choice = choose_auto(cuda)
-            return PrecisionChoice(choice.precision, f"the run was started with 16-mixed, which needs a CUDA GPU; "
-                                                     f"{choice.reason}")  # fmt: skip
+            return PrecisionChoice(
+                choice.precision, f"the run was started with 16-mixed, which needs a CUDA GPU; {choice.reason}"
+            )
         if resumed_with == "bf16-mixed" and cuda and not torch.cuda.is_bf16_supported():
             return PrecisionChoice("16-mixed", "the run was started with bf16-mixed, which this GPU does not support")
         note = "kept from the checkpoint: a resumed run keeps its precision; --trainer.precision=... changes it"
@@ -307,8 +331,11 @@ def set_matmul_precision_for(cuda: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     """``python -m resnorm_lm.train.precision [--measure]``: what ``auto`` chooses on this machine's CPU, and why."""
     parser = argparse.ArgumentParser(prog="python -m resnorm_lm.train.precision", description=main.__doc__)
-    parser.add_argument("--measure", action="store_true",
-                        help="time bf16 against fp32 again and replace the result kept for this machine")  # fmt: skip
+    parser.add_argument(
+        "--measure",
+        action="store_true",
+        help="time bf16 against fp32 again and replace the result kept for this machine",
+    )
     args = parser.parse_args(argv)
     print(f"resnorm-lm: {choose_auto(cuda=False, measure=args.measure).describe()}")
     return 0

@@ -96,8 +96,11 @@ class PreemptOnSigterm(StepBoundary):
         trainer.save_checkpoint(self.checkpoint_path, weights_only=False)  # optimizer, loops, callbacks too
         self.saved_at_step = trainer.global_step
         if trainer.is_global_zero:
-            print(f"resnorm-lm: {self.signal_name}: saved {self.checkpoint_path} at step {trainer.global_step}; "
-                  "continue with RESUME=last", flush=True)  # fmt: skip
+            print(
+                f"resnorm-lm: {self.signal_name}: saved {self.checkpoint_path} at step {trainer.global_step}; "
+                "continue with RESUME=last",
+                flush=True,
+            )
 
     def _leave(self) -> None:
         self.on_preempted()

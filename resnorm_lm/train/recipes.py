@@ -87,15 +87,19 @@ def tuned_setting(recipe: str, profile: str, root: Path = RECIPES_DIR) -> tuple[
     base = recipe_base(recipe, root)
     inherited = tuned_path(base, profile, root) if base is not None else None
     if inherited is not None:
-        return inherited, (f"{recipe} has no tuned setting at the {profile} profile; it takes its base {base}'s: "
-                           f"{overlay_values(inherited)} ({shown(inherited, root)})")  # fmt: skip
+        return inherited, (
+            f"{recipe} has no tuned setting at the {profile} profile; it takes its base {base}'s: "
+            f"{overlay_values(inherited)} ({shown(inherited, root)})"
+        )
     nor = f" (nor has its base {base})" if base is not None else ""
     own_optim = {k: v for k, v in recipe_optim(recipe, root).items() if k in TUNED_KEYS}
     if own_optim:
         values = ", ".join(f"{k} {v}" for k, v in own_optim.items())
         return None, f"{recipe} has no tuned setting at the {profile} profile{nor}: it sets its own {values}"
-    return None, (f"{recipe} has no tuned setting at the {profile} profile{nor}: its LR and warmup are the "
-                  f"profile's untuned defaults; `make compare` tunes them")  # fmt: skip
+    return None, (
+        f"{recipe} has no tuned setting at the {profile} profile{nor}: its LR and warmup are the "
+        f"profile's untuned defaults; `make compare` tunes them"
+    )
 
 
 def overlay_values(path: Path) -> str:

@@ -61,9 +61,17 @@ class CheckpointFacts:
         optim = hparams.get("optim")
         if optim is not None:
             optim = optim_in_fractions(optim, ckpt.get("schedule_max_steps"))
-        return cls(path, int(ckpt["global_step"]), ckpt.get("precision"), hparams.get("arch"), optim,
-                   dict(ckpt.get("datamodule_hyper_parameters") or {}), ckpt.get("run"),
-                   ckpt.get("schedule_max_steps"), ckpt.get("data_identity"))  # fmt: skip
+        return cls(
+            path,
+            int(ckpt["global_step"]),
+            ckpt.get("precision"),
+            hparams.get("arch"),
+            optim,
+            dict(ckpt.get("datamodule_hyper_parameters") or {}),
+            ckpt.get("run"),
+            ckpt.get("schedule_max_steps"),
+            ckpt.get("data_identity"),
+        )
 
 
 def optim_in_fractions(optim: dict[str, Any], max_steps: int | None) -> dict[str, Any]:
@@ -91,8 +99,9 @@ class ResumeRequest:
 
 
 def differences(then: dict[str, Any], now: dict[str, Any], keys, prefix: str) -> list[str]:
-    return [f"{prefix}{k}: checkpoint {then[k]!r}, now {now.get(k)!r}" for k in keys
-            if k in then and then[k] != now.get(k)]  # fmt: skip
+    return [
+        f"{prefix}{k}: checkpoint {then[k]!r}, now {now.get(k)!r}" for k in keys if k in then and then[k] != now.get(k)
+    ]
 
 
 def arch_differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:

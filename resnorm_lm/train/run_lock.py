@@ -56,8 +56,12 @@ class RunLock:
             f.close()
             if err.errno not in NO_LOCKS:
                 raise
-            print(f"resnorm-lm: warning: cannot lock {self.path} ({err.strerror}): this filesystem has no file "
-                  "locks, so make sure no other process trains this run", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"resnorm-lm: warning: cannot lock {self.path} ({err.strerror}): this filesystem has no file "
+                "locks, so make sure no other process trains this run",
+                file=sys.stderr,
+                flush=True,
+            )
             return
         started = datetime.now(UTC).isoformat(timespec="seconds")
         f.seek(0)

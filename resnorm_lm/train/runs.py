@@ -65,8 +65,9 @@ class RunConfig:
             raise ValueError(f"run.stop_after_steps must be a step >= 1 (or null), got {self.stop_after_steps!r}")
 
 
-def run_directory(run: RunConfig, seed: int | None, *, data_seed: int | None = None,
-                  init_seed: int | None = None) -> Path:  # fmt: skip
+def run_directory(
+    run: RunConfig, seed: int | None, *, data_seed: int | None = None, init_seed: int | None = None
+) -> Path:
     """``<root>/<recipe>/<profile>[-<tag>]-seed<k>``: seed k sets the init and the data order. A data order or
     an init fixed apart from the seed (``data.seed``, ``model.init_seed``) is named too (``-data<d>``,
     ``-init<i>``), so that runs that differ in either never share a directory; but for the data order 1337,
@@ -190,8 +191,13 @@ def code_revision() -> str:
             return "unknown"
     try:
         rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=checkout,
-                               capture_output=True, text=True, check=True)  # fmt: skip
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=checkout,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         return rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -226,8 +232,15 @@ def hardware() -> dict[str, Any]:
 class RunManifest(L.Callback):
     """Writes ``manifest.json`` at the start of fitting: code, versions, hardware, data, seed, profile."""
 
-    def __init__(self, run_dir: Path, run: RunConfig, seed: int | None, precision: PrecisionChoice | None = None,
-                 resumed_from_step: int | None = None, kernels: dict[str, str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        run_dir: Path,
+        run: RunConfig,
+        seed: int | None,
+        precision: PrecisionChoice | None = None,
+        resumed_from_step: int | None = None,
+        kernels: dict[str, str] | None = None,
+    ) -> None:
         self.run_dir, self.run, self.seed, self.precision = run_dir, run, seed, precision
         self.resumed_from_step = resumed_from_step
         self.kernels = kernels or {}  # what runs the step and why: compile, the CPU attention kernel
@@ -262,27 +275,37 @@ class RunManifest(L.Callback):
         run_dir = RunDir(self.run_dir)
         earlier = run_dir.manifest() if self.resumed_from_step is not None else {}
         segments = earlier.get("segments") or ([legacy_segment(earlier)] if earlier else [])
-        write_json_atomic(run_dir.manifest_path, {
-            "recipe": self.run.recipe,
-            "base_recipe": self.run.base,
-            "tuned_overlay": self.run.tuned_overlay or None,  # where LR and warmup came from ("none": untuned)
-            "profile": self.run.profile,
-            "seed": self.seed,
-            "seeds": {"init": self.seed if pl_module.init_seed is None else pl_module.init_seed,  # what each sets
-                      "data_order": getattr(trainer.datamodule, "seed", None)},
-            **segment,
-            "started": earlier.get("started", segment["started"]),  # when the run began
-            "data": data,
-            "parameters": count_parameters(pl_module),
-            "init": pl_module.arch.init,  # how the weights started (model.arch.init)
-            "segments": [*segments, segment],
-        })  # fmt: skip
+        write_json_atomic(
+            run_dir.manifest_path,
+            {
+                "recipe": self.run.recipe,
+                "base_recipe": self.run.base,
+                "tuned_overlay": self.run.tuned_overlay or None,  # where LR and warmup came from ("none": untuned)
+                "profile": self.run.profile,
+                "seed": self.seed,
+                "seeds": {
+                    "init": self.seed if pl_module.init_seed is None else pl_module.init_seed,  # what each sets
+                    "data_order": getattr(trainer.datamodule, "seed", None),
+                },
+                **segment,
+                "started": earlier.get("started", segment["started"]),  # when the run began
+                "data": data,
+                "parameters": count_parameters(pl_module),
+                "init": pl_module.arch.init,  # how the weights started (model.arch.init)
+                "segments": [*segments, segment],
+            },
+        )
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         """The run a checkpoint belongs to and what its data position is counted in (resume checks)."""
-        checkpoint["run"] = {"recipe": self.run.recipe, "profile": self.run.profile, "tag": self.run.tag,
-                             "seed": self.seed, "world_size": trainer.world_size,
-                             "accumulate_grad_batches": trainer.accumulate_grad_batches}  # fmt: skip
+        checkpoint["run"] = {
+            "recipe": self.run.recipe,
+            "profile": self.run.profile,
+            "tag": self.run.tag,
+            "seed": self.seed,
+            "world_size": trainer.world_size,
+            "accumulate_grad_batches": trainer.accumulate_grad_batches,
+        }
 
 
 def run_arithmetic(trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
@@ -296,8 +319,18 @@ def run_arithmetic(trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str
 
 def legacy_segment(manifest: dict[str, Any]) -> dict[str, Any]:
     """The one segment a manifest written before segments were kept describes."""
-    keys = ("started", "resumed_from_step", "host", "code_revision", "packages", "hardware", "precision",
-            "precision_reason", "world_size", "ended")  # fmt: skip
+    keys = (
+        "started",
+        "resumed_from_step",
+        "host",
+        "code_revision",
+        "packages",
+        "hardware",
+        "precision",
+        "precision_reason",
+        "world_size",
+        "ended",
+    )
     return {k: manifest[k] for k in keys if k in manifest}
 
 
@@ -323,8 +356,19 @@ def tokens_seen(trainer: L.Trainer, batch_size: int, block_size: int) -> int:
 
 def result_line(summary: dict[str, Any]) -> str:
     """``RESULT key=value ...``: the one line every training run ends with."""
-    keys = ["run", "step", "val_loss", "val_ppl", "val_bpb", "val_word_ppl", "tokens", "params", "wall_s", "diverged",
-            "preempted"]  # fmt: skip
+    keys = [
+        "run",
+        "step",
+        "val_loss",
+        "val_ppl",
+        "val_bpb",
+        "val_word_ppl",
+        "tokens",
+        "params",
+        "wall_s",
+        "diverged",
+        "preempted",
+    ]
     parts = []
     for key in keys:
         if summary.get(key) is not None and not (key == "preempted" and not summary[key]):

@@ -32,8 +32,7 @@ class Schedule:
     warmup_may_pass_end = False  # only a schedule asked for by name may warm up for the whole run
     has_cooldown = False  # reads cooldown_fraction
 
-    def __init__(self, total_steps: int, warmup_fraction: float, min_lr_ratio: float,
-                 cooldown_fraction: float) -> None:  # fmt: skip
+    def __init__(self, total_steps: int, warmup_fraction: float, min_lr_ratio: float, cooldown_fraction: float) -> None:
         if total_steps < 1:
             raise ValueError(f"the LR schedule needs --trainer.max_steps >= 1, got {total_steps}")
         self.total_steps, self.min_lr_ratio = total_steps, min_lr_ratio

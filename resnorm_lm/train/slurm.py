@@ -79,8 +79,11 @@ def resume_after_requeue(ckpt_path: str | None, last_checkpoint: Path, job: Slur
     if job is None or job.restarts == 0 or not last_checkpoint.is_file():
         return ckpt_path
     if rank_zero_only.rank == 0:
-        print(f"resnorm-lm: SLURM job {job.job_id} was requeued ({job.restarts} time(s)): resuming from "
-              f"{last_checkpoint}", flush=True)  # fmt: skip
+        print(
+            f"resnorm-lm: SLURM job {job.job_id} was requeued ({job.restarts} time(s)): resuming from "
+            f"{last_checkpoint}",
+            flush=True,
+        )
     return str(last_checkpoint)
 
 
@@ -94,8 +97,13 @@ class RequeueOnWarning(PreemptOnSigterm):
     After a SIGTERM alone the run stops without requeueing, and says how to resume.
     """
 
-    def __init__(self, job: SlurmJob, checkpoint_path: Path, on_preempted: Callable[[], None] = lambda: None,
-                 ddp_check_every: int = 10) -> None:  # fmt: skip
+    def __init__(
+        self,
+        job: SlurmJob,
+        checkpoint_path: Path,
+        on_preempted: Callable[[], None] = lambda: None,
+        ddp_check_every: int = 10,
+    ) -> None:
         super().__init__(checkpoint_path, on_preempted, ddp_check_every)
         self.job = job
         self.warned = False  # the requeue signal came (on this rank; SLURM signals every task)
@@ -121,8 +129,11 @@ class RequeueOnWarning(PreemptOnSigterm):
         trainer.save_checkpoint(self.checkpoint_path, weights_only=False)  # optimizer, loops, callbacks too
         self.saved_at_step = trainer.global_step
         if trainer.is_global_zero:
-            print(f"resnorm-lm: SLURM's warning signal ({REQUEUE_SIGNAL.name}): saved {self.checkpoint_path} at "
-                  f"step {trainer.global_step}", flush=True)  # fmt: skip
+            print(
+                f"resnorm-lm: SLURM's warning signal ({REQUEUE_SIGNAL.name}): saved {self.checkpoint_path} at "
+                f"step {trainer.global_step}",
+                flush=True,
+            )
 
     def _leave(self) -> None:
         self.on_preempted()
@@ -137,8 +148,10 @@ class RequeueOnWarning(PreemptOnSigterm):
         return f"resnorm-lm: could not requeue SLURM job {self.job.job_id} ({error}); {RESUME_HINT}"
 
     def _after_sigterm(self) -> str:
-        return (f"resnorm-lm: SLURM job {self.job.job_id} stopped by SIGTERM (scancel, time limit or preemption). "
-                f"If SLURM requeues it, it resumes from last.ckpt by itself; if not, {RESUME_HINT}")  # fmt: skip
+        return (
+            f"resnorm-lm: SLURM job {self.job.job_id} stopped by SIGTERM (scancel, time limit or preemption). "
+            f"If SLURM requeues it, it resumes from last.ckpt by itself; if not, {RESUME_HINT}"
+        )
 
 
 def preemption_callback(job: SlurmJob | None, checkpoint_path: Path, on_preempted: Callable[[], None]):

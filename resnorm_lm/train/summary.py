@@ -51,8 +51,11 @@ def finish_run(trainer: L.Trainer, model, datamodule, run: RunConfig, run_dir: P
         write_json_atomic(RunDir(run_dir).summary_path, summary)
         record_in_manifest(run_dir, summary)
         if summary["diverged"]:
-            print(f"resnorm-lm: DIVERGED at step {summary['diverged_at_step']}: {summary['diverged_reason']}; "
-                  "the last good checkpoint is checkpoints/last.ckpt", flush=True)  # fmt: skip
+            print(
+                f"resnorm-lm: DIVERGED at step {summary['diverged_at_step']}: {summary['diverged_reason']}; "
+                "the last good checkpoint is checkpoints/last.ckpt",
+                flush=True,
+            )
         print(result_line(summary), flush=True)
         if run.sample_tokens > 0 and not preempted:
             print_sample(model, datamodule, run.sample_tokens)
@@ -72,6 +75,7 @@ def record_in_manifest(run_dir: Path, summary: dict) -> None:
 def print_sample(model, datamodule, n_tokens: int, seed: int = 0) -> None:
     """A sample from the trained model, starting at an end-of-text token."""
     generator = torch.Generator(device=model.device).manual_seed(seed)
-    pieces = stream_text(model.model, datamodule.prepared.tokenizer, [datamodule.manifest.eot_id], n_tokens,
-                         generator=generator)  # fmt: skip
+    pieces = stream_text(
+        model.model, datamodule.prepared.tokenizer, [datamodule.manifest.eot_id], n_tokens, generator=generator
+    )
     print("SAMPLE (temperature 0.8, top-k 50):\n" + "".join(pieces), flush=True)

@@ -76,8 +76,9 @@ class HubCorpus(Corpus):
         import datasets
 
         with self._reaching_hub():
-            return datasets.load_dataset(self.path, self.hub_config, revision=self.revision(),
-                                         cache_dir=str(self.cache.hf_datasets), **kwargs)  # fmt: skip
+            return datasets.load_dataset(
+                self.path, self.hub_config, revision=self.revision(), cache_dir=str(self.cache.hf_datasets), **kwargs
+            )
 
 
 _ARTICLE_TITLE = re.compile(r"^ = [^=].* = $")  # " = Title = " (sections are " = = Title = = ")

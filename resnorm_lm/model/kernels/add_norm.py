@@ -263,19 +263,37 @@ def add_norm_forward(x, d, weight, bias, eps: float, is_rms: bool, residual_dtyp
     s = torch.empty_like(x, dtype=s_dtype) if store_s else x
     rstd = x.new_empty(m, dtype=torch.float32)
     mean = None if is_rms else x.new_empty(m, dtype=torch.float32)  # RMSNorm has none: nothing allocated
-    kernel, block_n, block_m, meta = _launch(n, max(x.element_size(), s.element_size()), False,
-                                             _autotuning(x.device))  # fmt: skip
+    kernel, block_n, block_m, meta = _launch(n, max(x.element_size(), s.element_size()), False, _autotuning(x.device))
     if m > 0:
         grid = (triton.cdiv(m, block_m),) if block_m else lambda meta: (triton.cdiv(m, meta["BLOCK_M"]),)
         key = (
             (False, n, is_rms, has_d, bias is not None, store_s, x.dtype, d.dtype, s.dtype, weight.dtype)
-            if _eager_tuned(kernel, wrap) else None
-        )  # fmt: skip
+            if _eager_tuned(kernel, wrap)
+            else None
+        )
         _run(
-            kernel, wrap, grid, key,
-            x, d, s, y, weight, weight if bias is None else bias, rstd if mean is None else mean, rstd, m, n, eps,
-            BLOCK_N=block_n, IS_RMS=is_rms, HAS_D=has_d, HAS_BIAS=bias is not None, STORE_S=store_s, **meta,
-        )  # fmt: skip
+            kernel,
+            wrap,
+            grid,
+            key,
+            x,
+            d,
+            s,
+            y,
+            weight,
+            weight if bias is None else bias,
+            rstd if mean is None else mean,
+            rstd,
+            m,
+            n,
+            eps,
+            BLOCK_N=block_n,
+            IS_RMS=is_rms,
+            HAS_D=has_d,
+            HAS_BIAS=bias is not None,
+            STORE_S=store_s,
+            **meta,
+        )
     return y, s, mean, rstd
 
 
@@ -306,13 +324,31 @@ def add_norm_backward(dy, ds, s, weight, bias, mean, rstd, is_rms: bool, x_dtype
     db_part = dw_part if bias is None else s.new_empty(p, n, dtype=torch.float32)
     key = (
         (True, n, is_rms, has_ds, bias is not None, dy.dtype, ds.dtype, s.dtype, weight.dtype, x_dtype)
-        if _eager_tuned(kernel, wrap) else None
-    )  # fmt: skip
+        if _eager_tuned(kernel, wrap)
+        else None
+    )
     _run(
-        kernel, wrap, (p,), key,
-        dy, ds, s, weight, rstd if mean is None else mean, rstd, dx, dw_part, db_part, m, n,
-        BLOCK_N=block_n, IS_RMS=is_rms, HAS_DS=has_ds, HAS_BIAS=bias is not None, **meta,
-    )  # fmt: skip
+        kernel,
+        wrap,
+        (p,),
+        key,
+        dy,
+        ds,
+        s,
+        weight,
+        rstd if mean is None else mean,
+        rstd,
+        dx,
+        dw_part,
+        db_part,
+        m,
+        n,
+        BLOCK_N=block_n,
+        IS_RMS=is_rms,
+        HAS_DS=has_ds,
+        HAS_BIAS=bias is not None,
+        **meta,
+    )
     dw = dw_part.sum(0)  # (N,) fp32: a fixed-order sum over programs (deterministic)
     dw = dw if dw.dtype == weight.dtype else dw.to(weight.dtype)
     if bias is None:

@@ -39,9 +39,14 @@ def _rows(x: Tensor) -> int:
 
 @operator("resnorm_lm::add_norm_fwd", mutates_args=())
 def add_norm_fwd(
-    x: Tensor, d: Tensor, weight: Tensor, bias: Tensor | None, eps: float, is_rms: bool,
+    x: Tensor,
+    d: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    eps: float,
+    is_rms: bool,
     residual_dtype: torch.dtype | None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     y, s, mean, rstd = add_norm_forward(x, d, weight, bias, eps, is_rms, residual_dtype, wrap)
     return y, s, mean if mean is not None else rstd.new_empty(EMPTY), rstd
 
@@ -112,9 +117,16 @@ norm_fwd.register_autograd(_norm_backward, setup_context=_norm_setup)
 
 @operator("resnorm_lm::add_norm_bwd", mutates_args=())
 def add_norm_bwd(
-    dy: Tensor, ds: Tensor | None, s: Tensor, weight: Tensor, bias: Tensor | None, mean: Tensor, rstd: Tensor,
-    is_rms: bool, x_dtype: torch.dtype,
-) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    dy: Tensor,
+    ds: Tensor | None,
+    s: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    mean: Tensor,
+    rstd: Tensor,
+    is_rms: bool,
+    x_dtype: torch.dtype,
+) -> tuple[Tensor, Tensor, Tensor]:
     dx, dw, db = add_norm_backward(dy, ds, s, weight, bias, None if is_rms else mean, rstd, is_rms, x_dtype, wrap)
     return dx, dw, db if db is not None else weight.new_empty(EMPTY)
 
@@ -155,8 +167,15 @@ class _AddNormFunction(torch.autograd.Function):
 # ---------------------------------------------------------------------- what the modules call
 
 
-def add_norm(x: Tensor, d: Tensor, weight: Tensor, bias: Tensor | None, eps: float, is_rms: bool,
-             residual_dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:  # fmt: skip
+def add_norm(
+    x: Tensor,
+    d: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    eps: float,
+    is_rms: bool,
+    residual_dtype: torch.dtype | None = None,
+) -> tuple[Tensor, Tensor]:
     """``(x + d, norm(x + d))``, in the order of the formula (as ``Norm.add_norm``), in one fused kernel, forward
     and backward."""
     if torch.compiler.is_compiling():  # one opaque graph node with a fake-tensor rule: dynamic shapes work
