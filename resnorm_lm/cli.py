@@ -16,7 +16,8 @@ import sys
 import warnings
 
 from resnorm_lm.analysis.running_fits import stop_with_compare
-from resnorm_lm.data.errors import DataError
+from resnorm_lm.errors import ResnormError
+from resnorm_lm.train.checkpoint_io import CheckpointWriteError
 from resnorm_lm.train.lightning_cli import ResnormCLI, check_checkpoint_argument
 from resnorm_lm.train.preemption import Preempted
 from resnorm_lm.train.recipes import expand_recipe_arguments
@@ -91,10 +92,12 @@ def main(argv: list[str] | None = None) -> int:
         cli = ResnormCLI(args=None if argv is None else args)
     except Preempted as stop:  # last.ckpt, eval.json and the RESULT line are written: leave now
         return stop.exit_code
-    except (ValueError, NotImplementedError, DataError) as err:  # config, recipe, data and checkpoint errors
+    # what the user fixes (ResnormError), and jsonargparse's and Lightning's config errors (ValueError)
+    except (ResnormError, ValueError, NotImplementedError) as err:
         if os.environ.get("RESNORM_LM_DEBUG"):
             raise
-        print(f"resnorm-lm: error: {err}", file=sys.stderr)
+        advice = f"; {err.advice()}" if isinstance(err, CheckpointWriteError) else ""
+        print(f"resnorm-lm: error: {err}{advice}", file=sys.stderr)
         return 2
     finally:
         release_all()  # however the fit ended, its run is free for the next call in this process

@@ -22,16 +22,21 @@ NOISE = (
     "Preparing metadata",
     "Saved ",
     "`weights_only` was not set",
+    "exists and is not empty",  # Lightning's CSVLogger on a run directory (which always holds its lock and manifest)
+    "will override existing callbacks",  # Lightning, when the final validation attaches the model's callbacks again
 )
 
 
 def test_fit_prints_no_library_noise(tmp_path, smoke_corpus):
-    """Lightning's litlogger advertisement and its _pytree deprecation warning are gone; the run's own lines stay."""
+    """A fresh run on a fresh data cache: Lightning's advertisement, its warnings about the run directory and
+    the callbacks, and the deprecation warnings are gone; the run's own lines stay; every progress bar ends its
+    line (the tokenizer's bars do not run into what follows them)."""
     args = smoke_args(
         smoke_corpus,
         "--trainer.max_steps=2",
         f"--run.root={tmp_path}",
         "--run.checkpoint_every=5",
+        f"--data.cache_dir={tmp_path / 'cache'}",
     )  # the final save is then the end-of-run checkpoint's
     done = resnorm_lm_process(args, timeout=120)
     out = done.stdout + done.stderr
@@ -39,6 +44,9 @@ def test_fit_prints_no_library_noise(tmp_path, smoke_corpus):
     assert "resnorm-lm: precision 32-true" in out  # the precision and its reason are still said
     assert "RESULT run=" in out
     assert [n for n in NOISE if n in out] == [], out  # the list names what leaked
+    shown = [line.rsplit("\r", 1)[-1] for line in done.stderr.split("\n")]  # what a terminal keeps of each line
+    for split in ("train", "validation", "test"):  # each bar's last state has a line of its own
+        assert any(line.startswith(f"tokenize {split}: 100%") for line in shown), done.stderr
 
 
 def fake_sdist(folder: Path) -> Path:

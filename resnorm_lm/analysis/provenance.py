@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from resnorm_lm.errors import ResnormError
 from resnorm_lm.train.runs import RunDir
 
 
-class ProvenanceError(ValueError):
+class ProvenanceError(ResnormError, ValueError):
     """Runs whose arithmetic may differ, asked to share a table."""
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from resnorm_lm.errors import ResnormError
 from resnorm_lm.train.recipes import RECIPES_DIR, RecipeError, available_profiles, recipe_path
 
 SUITES_DIR = RECIPES_DIR / "suites"
@@ -36,7 +37,7 @@ KEYS = {
 }
 
 
-class SuiteError(ValueError):
+class SuiteError(ResnormError, ValueError):
     """A suite file that is missing, malformed, or names something that does not exist."""
 
 

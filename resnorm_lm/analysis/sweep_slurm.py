@@ -29,6 +29,7 @@ from pathlib import Path
 from resnorm_lm.analysis.slurm_options import SlurmOptions
 from resnorm_lm.analysis.sweep import RunSpec
 from resnorm_lm.analysis.sweep_runner import SweepTrainer, profile_trainer
+from resnorm_lm.errors import ResnormError
 from resnorm_lm.train.runs import REPO_ROOT, RunDir
 
 TRAIN_SBATCH = REPO_ROOT / "scripts" / "slurm" / "train.sbatch"
@@ -51,7 +52,7 @@ ENDED = frozenset(
 WAITING = frozenset({"PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "SPECIAL_EXIT", "RESV_DEL_HOLD"})
 
 
-class SlurmError(RuntimeError):
+class SlurmError(ResnormError, RuntimeError):
     """A SLURM command failed, or a sweep cannot be submitted as it is."""
 
 

@@ -85,7 +85,7 @@ def write_split(
     tokens = 0
     limit = np.iinfo(dtype).max
     encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)  # fast: no offsets (tokenizers>=0.21)
-    with atomic_write(path, "wb") as f, tqdm(total=len(documents), desc=desc, unit="doc", leave=False) as bar:
+    with atomic_write(path, "wb") as f, tqdm(total=len(documents), desc=desc, unit="doc") as bar:
         for start in range(0, len(documents), chunk):
             batch = documents[start : start + chunk]
             encoded = encode(batch, add_special_tokens=False)

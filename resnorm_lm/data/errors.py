@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from resnorm_lm.errors import ResnormError
 
-class DataError(RuntimeError):
+
+class DataError(ResnormError, RuntimeError):
     """A data problem the user can fix; the message says how."""
 
 

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from resnorm_lm.errors import ResnormError
 from resnorm_lm.registry import Registry
 
 NORMS: Registry[type[Norm]] = Registry("norm")
@@ -223,7 +224,7 @@ class TorchBackend(NormBackend):
         return NORMS.get(norm)
 
 
-class BackendUnavailableError(ValueError):
+class BackendUnavailableError(ResnormError, ValueError):
     """A norm backend that cannot run on this machine, or a norm it does not implement."""
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from resnorm_lm.train.checkpoint_io import CheckpointWriteError
 from resnorm_lm.train.divergence import has_diverged
 from resnorm_lm.train.step_boundary import StepBoundary
 
@@ -48,7 +49,7 @@ class GoodStateCheckpoint(StepBoundary, ModelCheckpoint):
             super().on_train_end(trainer, pl_module)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        if not has_diverged(pl_module):
+        if not has_diverged(pl_module) and not isinstance(exception, CheckpointWriteError):  # not on a full disk
             super().on_exception(trainer, pl_module, exception)
 
 

@@ -14,9 +14,11 @@ avoid with a file from elsewhere.
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +26,41 @@ import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 
 from resnorm_lm.data.cache import atomic_write
+from resnorm_lm.errors import ResnormError
+
+FULL_BYTES = 64 * 2**20  # less free space than this after a failed write: the disk is what is full
 
 
-class CheckpointFileError(ValueError):
+class CheckpointFileError(ResnormError, ValueError):
     """A file that cannot be read as a checkpoint: corrupt, truncated, not a torch file, or unsafe."""
+
+
+class CheckpointWriteError(ResnormError, OSError):
+    """A checkpoint that could not be written (a full disk, most often): nothing of it was left behind, and the
+    previous checkpoint under its name is whole (``atomic_write``)."""
+
+    def __init__(self, path: Path, cause: BaseException) -> None:
+        self.path, self.cause = path, cause
+        folder = next((p for p in (path.parent, *path.parents) if p.exists()), Path("/"))
+        self.free = shutil.disk_usage(folder).free
+        full = getattr(cause, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or self.free < FULL_BYTES
+        why = "the disk is full" if full else f"{type(cause).__name__}: {str(cause).splitlines()[0][:160]}"
+        super().__init__(f"could not write the checkpoint {path}: {why} ({self.free / 2**20:.0f} MiB free on the "
+                         f"disk of {folder})")  # fmt: skip
+
+    def advice(self) -> str:
+        """Which checkpoint is good and how to go on, for the run the checkpoint belongs to."""
+        last = self.path.parent / "last.ckpt"
+        if self.path.parent.name != "checkpoints" or not last.is_file():
+            return "free some space (or choose --run.root on another disk) and train again"
+        try:
+            step = int(read_checkpoint_file(last, mmap=True)["global_step"])
+        except (CheckpointFileError, KeyError, TypeError, ValueError):
+            return f"its last checkpoint {last} cannot be read; free some space and train again"
+        return (
+            f"nothing is lost: {last} is whole, at step {step}. Free some space (or move the run directory to "
+            "another disk), then resume it with the same command and RESUME=last (--ckpt_path last)"
+        )
 
 
 class UnsafeCheckpointError(CheckpointFileError):
@@ -98,5 +131,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         return read_checkpoint_file(path, map_location=map_location or "cpu")
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any = None) -> None:
-        with atomic_write(path, "wb") as f:
-            torch.save(checkpoint, f)
+        try:
+            with atomic_write(path, "wb") as f:
+                torch.save(checkpoint, f)
+        except (OSError, RuntimeError) as err:  # torch's zip writer reports a short write as a RuntimeError
+            raise CheckpointWriteError(Path(path), err) from err

@@ -20,6 +20,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from resnorm_lm.data.cache import remove_temp_files
 from resnorm_lm.data.datamodule import DEFAULT_DATA_SEED, TextDataModule
+from resnorm_lm.errors import ResnormError
 from resnorm_lm.train.checkpoint_callbacks import FinalCheckpoint, GoodStateCheckpoint
 from resnorm_lm.train.checkpoint_io import AtomicCheckpointIO
 from resnorm_lm.train.config_checks import check_hardware, check_memory, check_trainer_numbers
@@ -39,7 +40,7 @@ MIN_FREE_DISK_BYTES = 200 * 2**20  # refuse to start a run with less free space 
 EXIT_DIVERGED = 3  # the run diverged: last.ckpt is the last good state
 
 
-class UsageError(ValueError):
+class UsageError(ResnormError, ValueError):
     """A mistake in the command line or config that the user fixes; printed without a traceback."""
 
 

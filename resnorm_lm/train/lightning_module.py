@@ -245,6 +245,8 @@ class LanguageModel(L.LightningModule):
         return choice == "device" or (choice == "auto" and on_cuda and not scaler)
 
     def configure_callbacks(self) -> list[L.Callback]:
+        if any(isinstance(c, ReadVerdicts) for c in self.trainer.callbacks):  # the final validate, after the fit
+            return []
         return [ReadVerdicts()]  # a no-op with host verdicts
 
     @property

@@ -10,6 +10,7 @@ from typing import Any
 
 from resnorm_lm.data.datamodule import TextDataModule
 from resnorm_lm.data.errors import CorpusChangedError, DataError
+from resnorm_lm.errors import ResnormError
 from resnorm_lm.model.gpt import GPTConfig
 from resnorm_lm.model.norms import NORM_BACKENDS
 from resnorm_lm.train.checkpoint_io import CheckpointFileError, read_checkpoint_file
@@ -18,7 +19,7 @@ from resnorm_lm.train.optim import OptimConfig
 from resnorm_lm.train.runs import RunDir
 
 
-class CheckpointError(ValueError):
+class CheckpointError(ResnormError, ValueError):
     """A path that is not a usable resnorm-lm run or checkpoint."""
 
 

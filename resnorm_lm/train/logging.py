@@ -6,6 +6,7 @@ import csv
 from pathlib import Path
 from typing import Any
 
+from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
@@ -32,10 +33,21 @@ class ContinuedCSVLogger(CSVLogger):
         self._previous_rows = previous
 
     @property
-    def experiment(self):
-        writer = super().experiment
-        # rank 0 only: other ranks get Lightning's dummy experiment, which has every attribute (as a no-op)
-        if self._previous_rows and isinstance(writer, ExperimentWriter):  # the first time the writer is asked for
-            writer.metrics[:0] = self._previous_rows  # written before any new row, on the first save
+    @rank_zero_experiment  # other ranks get Lightning's dummy experiment, which has every attribute (as a no-op)
+    def experiment(self) -> ExperimentWriter:
+        if self._experiment is None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = RunMetricsWriter(log_dir=self.log_dir)
+            self._experiment.metrics[:0] = self._previous_rows  # written before any new row, on the first save
             self._previous_rows = []
-        return writer
+        return self._experiment
+
+
+class RunMetricsWriter(ExperimentWriter):
+    """Lightning's writer, in a run directory: it replaces the run's metrics.csv (a resumed run's earlier rows
+    were read first) without Lightning's warning that the folder "exists and is not empty", which a run directory
+    always is (its lock, its manifest, its config)."""
+
+    def _check_log_dir_exists(self) -> None:
+        if self._fs.isfile(self.metrics_file_path):
+            self._fs.rm_file(self.metrics_file_path)

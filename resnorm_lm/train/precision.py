@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from resnorm_lm.data.cache import build_lock, default_cache_dir, sha256_json, write_json_atomic
+from resnorm_lm.errors import ResnormError
 
 AUTO = "auto"
 # bf16 must beat fp32 on the probe by this factor. The probe times the part of a step that bf16 speeds up most;
@@ -48,7 +49,7 @@ PROBE_VERSION = 2  # bump when the probe changes: results kept from an older pro
 ONEDNN_ISAS_WITHOUT_BF16 = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX512_CORE", "AVX512_CORE_VNNI"}
 
 
-class PrecisionError(ValueError):
+class PrecisionError(ResnormError, ValueError):
     """A precision this hardware cannot run, or a resume that cannot keep its precision."""
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from resnorm_lm.errors import ResnormError
+
 PACKAGED_RECIPES = Path(__file__).resolve().parents[1] / "recipes"  # resnorm_lm/recipes/, in a wheel only
 CHECKOUT_RECIPES = Path(__file__).resolve().parents[2] / "recipes"  # beside the package in the repository
 
@@ -30,7 +32,7 @@ RECIPES_DIR = recipes_dir()
 TUNED_KEYS = ("lr", "schedule", "warmup_fraction")  # what a tuned overlay sets under model.optim
 
 
-class RecipeError(ValueError):
+class RecipeError(ResnormError, ValueError):
     """An unknown recipe or profile name."""
 
 

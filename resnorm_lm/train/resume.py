@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from resnorm_lm.errors import ResnormError
 from resnorm_lm.model.gpt import GPTConfig
 from resnorm_lm.train.checkpoint_io import CheckpointFileError, read_checkpoint_file
 from resnorm_lm.train.optim import OptimConfig
@@ -31,7 +32,7 @@ DATA_KEYS = ("corpus", "vocab_size", "max_chars", "dtype")  # what the prepared 
 ORDER_KEYS = ("batch_size", "seed", "random_offset")  # what the data position is counted in
 
 
-class ResumeError(ValueError):
+class ResumeError(ResnormError, ValueError):
     """A resume that would not continue the checkpoint's run as configured."""
 
 

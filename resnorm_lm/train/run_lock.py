@@ -19,6 +19,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
 
+from resnorm_lm.errors import ResnormError
+
 LOCK_NAME = ".lock"
 NO_LOCKS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL})  # a filesystem without flock
 
@@ -26,7 +28,7 @@ NO_LOCKS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL
 HELD: set[RunLock] = set()  # the locks this process holds: release_all() drops them
 
 
-class RunDirectoryInUse(RuntimeError):
+class RunDirectoryInUse(ResnormError, RuntimeError):
     """Another live process holds the run directory's lock."""
 
 
