@@ -21,7 +21,7 @@ from resnorm_lm.analysis.sweep import RunOutcome, RunSpec, Setting, select
 from resnorm_lm.analysis.tables import grid_rows, recipe_row
 from resnorm_lm.cli import main
 from resnorm_lm.train.checkpoint_io import AtomicCheckpointIO
-from resnorm_lm.train.divergence import DivergenceConfig, DivergenceGuard
+from resnorm_lm.train.divergence import DivergenceConfig, DivergenceGuard, LossWindow
 from resnorm_lm.train.preemption import PreemptOnSigterm
 from tests.smoke import (
     REPO,
@@ -269,15 +269,23 @@ def test_killed_data_preparation_leaves_no_valid_cache_and_is_rebuilt(tmp_path):
 # ---------------------------------------------------------------- divergence
 
 
+def verdict(guard: DivergenceGuard, loss: float, step: int) -> str:
+    """The host's verdict on a step of one micro-batch whose loss is ``loss``."""
+    window = LossWindow()
+    window.add(torch.tensor(loss))
+    guard.judge(window.take(), step)
+    return guard.read()
+
+
 def test_guard_flags_nan_inf_and_spikes():
     guard = DivergenceGuard(DivergenceConfig(factor=3.0))
-    assert guard.judge(5.0, 0) == "ok" and guard.judge(4.0, 1) == "ok"
-    assert guard.judge(11.9, 2) == "ok"  # below 3 x 4.0
-    assert guard.judge(12.5, 3) == "stop" and "> 3 x running minimum 4" in guard.diverged["reason"]
-    assert DivergenceGuard(DivergenceConfig()).judge(float("nan"), 7) == "stop"
+    assert verdict(guard, 5.0, 0) == "ok" and verdict(guard, 4.0, 1) == "ok"
+    assert verdict(guard, 11.9, 2) == "ok"  # below 3 x 4.0
+    assert verdict(guard, 12.5, 3) == "stop" and "> 3 x running minimum 4" in guard.diverged["reason"]
+    assert verdict(DivergenceGuard(DivergenceConfig()), float("nan"), 7) == "stop"
     skipping = DivergenceGuard(DivergenceConfig(on_bad_step="skip", max_skips=2))
-    assert skipping.judge(float("inf"), 0) == "skip" and skipping.judge(1.0, 1) == "ok"
-    assert skipping.judge(float("nan"), 2) == "skip" and skipping.judge(float("nan"), 3) == "stop"
+    assert verdict(skipping, float("inf"), 0) == "skip" and verdict(skipping, 1.0, 1) == "ok"
+    assert verdict(skipping, float("nan"), 2) == "skip" and verdict(skipping, float("nan"), 3) == "stop"
     assert skipping.skipped == 3 and "2 bad steps in a row" in skipping.diverged["reason"]
     with pytest.raises(ValueError, match="on_bad_step must be 'stop' or 'skip'"):
         DivergenceConfig(on_bad_step="ignore")

@@ -21,7 +21,6 @@ from torch.utils.data import DataLoader, TensorDataset
 from resnorm_lm.model.gpt import GPT, GPTConfig
 from resnorm_lm.train.diagnostics import grad_norms
 from resnorm_lm.train.divergence import DivergenceConfig, DivergenceGuard, LossWindow
-from resnorm_lm.train.divergence_on_device import DeviceVerdicts
 from resnorm_lm.train.lightning_module import LanguageModel
 from resnorm_lm.train.monitors import SparseThroughputMonitor
 from resnorm_lm.train.optim import OptimConfig, build_optimizer
@@ -52,22 +51,22 @@ def window_of(losses) -> torch.Tensor:
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c.on_bad_step}-x{c.factor:g}")
 @pytest.mark.parametrize("losses", SEQUENCES, ids=range(len(SEQUENCES)))
-def test_device_verdicts_reach_the_host_guards_decisions(config, losses):
+def test_the_device_mask_and_the_hosts_reading_reach_the_same_decisions(config, losses):
+    """The one rule, applied both ways: read on the host at every step, or masked on the device and read later."""
     host = DivergenceGuard(config)
     expected_masks = []
     for step, loss in enumerate(losses):
-        worst, best = torch.stack(LossWindow.extremes(window_of(loss))).tolist()
-        verdict = host.judge(worst, step, best=best)
+        host.judge(window_of(loss), step)
+        verdict = host.read()
         expected_masks.append(verdict != "ok")
         if verdict == "stop":
             break
     device = DivergenceGuard(config)
-    verdicts = DeviceVerdicts(device)
     masks = []
     for step, loss in enumerate(losses[: len(expected_masks)]):
-        verdicts.judge(window_of(loss), step)
-        masks.append(bool(verdicts.take_mask()))
-        verdicts.collect()
+        device.judge(window_of(loss), step)
+        masks.append(bool(device.take_mask()))
+    device.collect()  # the host reads every report at the end
     assert masks == expected_masks
     assert device.diverged == host.diverged
     assert (device.skipped, device.skipped_in_a_row) == (host.skipped, host.skipped_in_a_row)
@@ -76,38 +75,38 @@ def test_device_verdicts_reach_the_host_guards_decisions(config, losses):
 
 def test_a_window_is_judged_on_its_worst_loss_and_lowers_the_minimum_to_its_best():
     guard = DivergenceGuard(DivergenceConfig(factor=3.0))
-    assert guard.judge(5.0, 0, best=4.0) == "ok"
-    assert guard.running_min == 4.0
+    guard.judge(window_of((5.0, 4.0)), 0)
+    assert guard.read() == "ok" and guard.running_min == 4.0
     worst, best = LossWindow.extremes(window_of((2.0, NAN, 3.0)))
     assert math.isnan(worst) and float(best) == 2.0  # NaN is the worst loss, and no best one
-    assert guard.judge(float(worst), 1, best=float(best)) == "stop" and guard.diverged["reason"] == "loss is nan"
+    guard.judge(window_of((2.0, NAN, 3.0)), 1)
+    assert guard.read() == "stop" and guard.diverged["reason"] == "loss is nan"
     assert guard.running_min == 4.0  # a bad window does not lower it
 
 
 def test_a_halted_run_masks_every_later_step_until_the_host_reads_it():
-    verdicts = DeviceVerdicts(DivergenceGuard(DivergenceConfig(factor=2.0)))
+    guard = DivergenceGuard(DivergenceConfig(factor=2.0))
     masks = []
     for step, loss in enumerate([3.0, NAN, 3.0, 2.0]):  # the host reads only at the end
-        verdicts.judge(window_of(loss), step)
-        masks.append(float(verdicts.take_mask()))
+        guard.judge(window_of(loss), step)
+        masks.append(float(guard.take_mask()))
     assert masks == [0.0, 1.0, 1.0, 1.0]
-    assert verdicts.collect() and verdicts.guard.diverged == {"step": 1, "reason": "loss is nan"}
+    assert guard.collect() and guard.diverged == {"step": 1, "reason": "loss is nan"}
 
 
 def test_the_window_of_an_accumulated_step_is_bad_when_any_micro_batch_is():
-    verdicts = DeviceVerdicts(DivergenceGuard(DivergenceConfig(on_bad_step="skip")))
-    verdicts.judge(window_of((3.0, INF, 3.0)), 0)
-    assert float(verdicts.take_mask()) == 1.0 and verdicts.take_mask() is None
-    verdicts.collect()
-    assert verdicts.guard.skipped == 1  # one skipped step, not one per micro-batch
+    guard = DivergenceGuard(DivergenceConfig(on_bad_step="skip"))
+    guard.judge(window_of((3.0, INF, 3.0)), 0)
+    assert float(guard.take_mask()) == 1.0 and guard.take_mask() is None
+    guard.collect()
+    assert guard.skipped == 1  # one skipped step, not one per micro-batch
 
 
 def test_resume_rebuilds_the_device_state_from_the_host_records():
     guard = DivergenceGuard(DivergenceConfig(factor=2.0))
     guard.load_state_dict({"running_min": 2.0, "skipped": 0, "skipped_in_a_row": 0, "diverged": None})
-    verdicts = DeviceVerdicts(guard)
-    verdicts.judge(window_of(4.5), 10)  # above 2 x 2.0: bad against the loaded minimum
-    assert float(verdicts.take_mask()) == 1.0 and verdicts.collect()
+    guard.judge(window_of(4.5), 10)  # above 2 x 2.0: bad against the loaded minimum
+    assert float(guard.take_mask()) == 1.0 and guard.collect()
     assert guard.diverged["step"] == 10 and "running minimum 2" in guard.diverged["reason"]
 
 
@@ -183,7 +182,7 @@ def assert_same_state(a: dict, b: dict) -> None:
 @pytest.mark.parametrize("verdict", ["host", "device"])
 def test_a_bad_step_is_never_applied_and_the_run_stops(verdict):
     module, trainer, poison = fit(verdict, "stop", bad_steps={3})
-    assert (module.verdicts is not None) == (verdict == "device")
+    assert module.verdicts_on_device == (verdict == "device")
     assert module.guard.diverged["step"] == 3 and module.guard.diverged["reason"] == "loss is nan"
     last_good = poison.weights[3]  # after steps 0, 1, 2
     for name, tensor in module.model.state_dict().items():
@@ -229,7 +228,7 @@ def test_under_16_mixed_the_host_verdict_skips_a_whole_step_and_leaves_the_grad_
         accumulate_grad_batches=2,
         plugins=[plugin],
     )
-    assert str(trainer.precision) == "16-mixed" and module.verdicts is None  # auto: host verdicts under a scaler
+    assert str(trainer.precision) == "16-mixed" and not module.verdicts_on_device  # auto: host verdicts under a scaler
     assert module.guard.skipped == 1 and trainer.global_step == 5
     assert_same_state(
         poison.weights[4], poison.weights[3]

@@ -9,7 +9,7 @@
     loaded_run.py                            a trained run loaded back (model, data, where it came from)
     checkpoint_io.py                         checkpoint files: read as data (weights only), written atomically
     checkpoint_callbacks.py, preemption.py   periodic and final checkpoints at good states; saving on SIGTERM
-    divergence.py, divergence_on_device.py   the divergence guard, on the host and on the device
+    divergence.py                            the divergence guard: one rule, applied on the device or read on the host
     step_boundary.py                         where an optimizer step ends under gradient accumulation
     config_checks.py                         numeric, hardware and memory checks before any work
     monitors.py, logging.py, diagnostics.py  throughput, the CSV logger, per-layer gradient norms

@@ -16,8 +16,7 @@ from resnorm_lm.model.gpt import GPT, GPTConfig
 from resnorm_lm.targets import IGNORE_INDEX
 from resnorm_lm.train.clipping import ClipRecord
 from resnorm_lm.train.diagnostics import StreamRMS, grad_norms
-from resnorm_lm.train.divergence import DivergenceConfig, DivergenceGuard, LossWindow
-from resnorm_lm.train.divergence_on_device import DeviceVerdicts, ReadVerdicts
+from resnorm_lm.train.divergence import DivergenceConfig, DivergenceGuard, LossWindow, ReadVerdicts
 from resnorm_lm.train.optim import OptimConfig, build_optimizer
 from resnorm_lm.train.resume import arch_differences
 from resnorm_lm.train.step_boundary import ends_optimizer_step
@@ -92,7 +91,7 @@ class LanguageModel(L.LightningModule):
             block, every ``log_every_n_steps``.
         divergence: when a step's loss counts as diverged (NaN/Inf, or a factor above its running minimum),
             whether a bad step stops the run or is skipped, and where it is judged (host, or on the
-            device with the fused optimizer skipping it there: resnorm_lm/train/divergence_on_device.py). A step
+            device with the fused optimizer skipping it there: resnorm_lm/train/divergence.py). A step
             is judged whole (all its micro-batches) and for all DDP ranks at once.
         init_seed: the weights' seed; None (the default): the run's seed, which sets the data order too.
         compile: torch.compile the GPT in place (``nn.Module.compile``: state-dict keys unchanged, so
@@ -112,7 +111,7 @@ class LanguageModel(L.LightningModule):
         self.arch = arch
         self.optim = optim
         self.guard = DivergenceGuard(divergence)
-        self.verdicts: DeviceVerdicts | None = None  # set by configure_optimizers where verdicts are on the device
+        self.verdicts_on_device = False  # set by configure_optimizers: the fused optimizer applies the verdicts
         self.losses = LossWindow()  # the micro-batch losses of the optimizer step being accumulated
         self.drop_step = False  # a host verdict: the step about to run is bad, its gradients are dropped
         self.clips = ClipRecord()  # how often clipping by norm bound
@@ -152,12 +151,10 @@ class LanguageModel(L.LightningModule):
     def _judge_step(self) -> None:
         """One verdict for the optimizer step about to run, the same on every rank: on the worst and best loss of
         every micro-batch of the window on every rank (``LossWindow``: one small all-reduce under DDP)."""
-        window, step = self.losses.take(), self.trainer.global_step  # (3,)
-        if self.verdicts is not None:  # on the device; the fused optimizer skips a bad step there
-            self.verdicts.judge(window, step)
+        self.guard.judge(self.losses.take(), self.trainer.global_step)  # (3,): worst and best over the window
+        if self.verdicts_on_device:  # the fused optimizer skips a bad step there
             return
-        worst, best = torch.stack(LossWindow.extremes(window)).tolist()  # the host verdict's one sync
-        verdict = self.guard.judge(worst, step, best=best)
+        verdict = self.guard.read()  # the host's way: the verdict now, its one sync
         self.drop_step = verdict != "ok"
         if verdict == "stop":
             self.trainer.should_stop = True
@@ -170,8 +167,8 @@ class LanguageModel(L.LightningModule):
                 "resnorm_lm/train/step_boundary.py no longer agrees with this Lightning version's accumulation"
             )
         self._log_grad_norms()
-        if self.verdicts is not None:
-            optimizer.found_inf = self.verdicts.take_mask()  # 1: the fused step leaves every state as it was
+        if self.verdicts_on_device:
+            optimizer.found_inf = self.guard.take_mask()  # 1: the fused step leaves every state as it was
         elif self.drop_step:
             # every torch optimizer leaves a parameter without a gradient as it was (weights, moments, step
             # count), fused or not, and under 16-mixed too: the GradScaler's skip flag stays its own
@@ -202,11 +199,11 @@ class LanguageModel(L.LightningModule):
 
     def configure_optimizers(self):
         on_cuda = all(p.is_cuda for p in self.model.parameters())
-        self.verdicts = DeviceVerdicts(self.guard) if self._verdict_on_device(on_cuda) else None
+        self.verdicts_on_device = self._verdict_on_device(on_cuda)
         # fused: one kernel per step where torch has it (build_optimizer's default), and the only AdamW that can
         # skip a step on the device; not under 16-mixed, whose GradScaler must unscale before Lightning clips (a
         # fused step unscales inside)
-        fused = True if self.verdicts is not None else (False if self._grad_scaler() else None)
+        fused = True if self.verdicts_on_device else (False if self._grad_scaler() else None)
         self.schedule_steps = self.schedule_steps or self.trainer.max_steps  # set from the checkpoint on resume
         optimizer, schedule = build_optimizer(self.model, self.optim, self.schedule_steps, fused=fused)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
@@ -327,8 +324,7 @@ class LanguageModel(L.LightningModule):
         checkpoint["precision"] = str(self.trainer.precision)  # a resumed run keeps it (precision: auto)
         checkpoint["tokens_seen"] = self.tokens_seen
         checkpoint["schedule_max_steps"] = self.schedule_steps  # extending a run keeps its schedule (resume.py)
-        if self.verdicts is not None:
-            self.verdicts.collect()  # the host records up to this step
+        self.guard.collect()  # the records up to this step
         checkpoint["divergence_guard"] = self.guard.state_dict()
         checkpoint["clip_record"] = self.clips.state_dict()
         checkpoint["rng_states"] = {
