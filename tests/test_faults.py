@@ -22,7 +22,7 @@ from resnorm_lm.analysis.tables import grid_rows, recipe_row
 from resnorm_lm.cli import main
 from resnorm_lm.train.checkpoint_io import AtomicCheckpointIO
 from resnorm_lm.train.divergence import DivergenceConfig, DivergenceGuard, LossWindow
-from resnorm_lm.train.preemption import PreemptOnSigterm
+from resnorm_lm.train.preemption import Preemption
 from tests.smoke import (
     REPO,
     final_weights,
@@ -194,7 +194,7 @@ def test_under_ddp_the_ranks_compare_preemption_flags_every_few_steps_only(tmp_p
             return decision
 
     trainer = SimpleNamespace(world_size=2, strategy=Strategy())
-    preempt = PreemptOnSigterm(tmp_path / "last.ckpt", ddp_check_every=5)
+    preempt = Preemption(tmp_path / "last.ckpt", ddp_check_every=5)
     preempt.requested = True
     answers = [preempt._requested_on_any_rank(trainer, step) for step in range(1, 11)]
     assert answers == [False] * 4 + [True] + [False] * 4 + [True] and len(trainer.strategy.calls) == 2

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from resnorm_lm.train.checkpoint_io import AtomicCheckpointIO
-from resnorm_lm.train.preemption import Preempted, PreemptOnSigterm
+from resnorm_lm.train.preemption import Preempted, Preemption
 from tests.smoke import assert_same_training_state, resnorm_lm_process, run_cli, smoke_args, train_losses
 
 STEPS = 3  # optimizer steps of every run
@@ -115,10 +115,10 @@ def test_sigterm_anywhere_in_a_window_saves_at_its_end_and_resumes_bit_exact(
 
 
 class Rank:
-    """One DDP rank's PreemptOnSigterm driven through micro-batches as Lightning's loop drives it."""
+    """One DDP rank's Preemption driven through micro-batches as Lightning's loop drives it."""
 
     def __init__(self, tmp_path: Path, accumulate: int, signalled_at: int | None, others_signalled_at: int | None):
-        self.preempt = PreemptOnSigterm(tmp_path / "last.ckpt", ddp_check_every=2)
+        self.preempt = Preemption(tmp_path / "last.ckpt", ddp_check_every=2)
         self.accumulate, self.signalled_at, self.others_signalled_at = accumulate, signalled_at, others_signalled_at
         self.micro_batch, self.collectives, self.saved = 0, [], []
         self.global_step, self.world_size, self.is_global_zero, self.strategy = 0, 2, False, self

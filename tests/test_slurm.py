@@ -108,7 +108,7 @@ def cluster_environment(tmp_path: Path, corpus: str):
 
 def test_under_srun_lightnings_mid_step_save_and_requeue_is_off(srun_task, tmp_path, corpus):
     """Lightning's SLURM environment (ranks and addresses from SLURM) without its SIGUSR1 handler: the
-    warning is the run's own (RequeueOnWarning, in the test below)."""
+    warning is the run's own (the run's Preemption with its SLURM job, in the test below)."""
     environment = cluster_environment(tmp_path, corpus)
     assert isinstance(environment, SLURMEnvironment) and environment.auto_requeue is False
 

@@ -8,7 +8,8 @@
     recipes.py, runs.py, resume.py           recipe/profile files, run directories and manifests, resume rules
     loaded_run.py                            a trained run loaded back (model, data, where it came from)
     checkpoint_io.py                         checkpoint files: read as data (weights only), written atomically
-    checkpoint_callbacks.py, preemption.py   periodic and final checkpoints at good states; saving on SIGTERM
+    checkpoint_callbacks.py, preemption.py   periodic and final checkpoints at good states; saving on SIGTERM (and
+                                             on SLURM's warning, then requeueing)
     divergence.py                            the divergence guard: one rule, applied on the device or read on the host
     step_boundary.py                         where an optimizer step ends under gradient accumulation
     config_checks.py                         numeric, hardware and memory checks before any work

@@ -30,10 +30,11 @@ from resnorm_lm.train.loaded_run import data_differences
 from resnorm_lm.train.logging import ContinuedCSVLogger
 from resnorm_lm.train.monitors import SparseThroughputMonitor
 from resnorm_lm.train.precision import PrecisionChoice, PrecisionError, resolve_precision, tf32_wanted, uses_cuda
+from resnorm_lm.train.preemption import Preemption
 from resnorm_lm.train.resume import CheckpointFacts, ResumeRequest, check_resume
 from resnorm_lm.train.run_lock import RunDirectoryInUse, RunLock
 from resnorm_lm.train.runs import RunConfig, RunDir, RunManifest, StopAfterSteps, run_directory
-from resnorm_lm.train.slurm import SlurmJob, cluster_plugins, preemption_callback, resume_after_requeue
+from resnorm_lm.train.slurm import SlurmJob, cluster_plugins, resume_after_requeue
 from resnorm_lm.train.trainer import Trainer
 
 MIN_FREE_DISK_BYTES = 200 * 2**20  # refuse to start a run with less free space than this
@@ -234,7 +235,7 @@ class ResnormCLI(LightningCLI):
                 RunManifest(self.run_dir, run, seed, self.precision_choice, self.resume_step, self.kernel_choices)
             )
             last = run_dir.last_checkpoint
-            preempt = preemption_callback(self.slurm_job, last, lambda: self._finish(preempted=True))
+            preempt = Preemption(last, on_preempted=lambda: self._finish(preempted=True), job=self.slurm_job)
             callbacks += [preempt, FinalCheckpoint(last, run.checkpoint_every)]
             if run.stop_after_steps is not None:
                 callbacks.append(StopAfterSteps(run.stop_after_steps))

@@ -1,5 +1,6 @@
-"""Preemption: on SIGTERM (or a first Ctrl-C), save last.ckpt at the end of the current optimizer step and leave
-at once."""
+"""Preemption: on SIGTERM (or a first Ctrl-C, or SLURM's warning signal), save last.ckpt at the end of the current
+optimizer step and leave at once; under SLURM, requeue the job after the warning (resnorm_lm/train/slurm.py says
+why Lightning's own requeue is not used)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.utilities import rank_zero_only
 
+from resnorm_lm.train.slurm import REQUEUE_SIGNAL, RESUME_HINT, SlurmJob
 from resnorm_lm.train.step_boundary import StepBoundary
 
 # What a fit that ``compare`` started gets from the kernel when compare dies (resnorm_lm/analysis/running_fits.py):
@@ -28,9 +31,9 @@ class Preempted(Exception):  # noqa: N818 (a request, not an error)
         self.exit_code = exit_code
 
 
-class PreemptOnSigterm(StepBoundary):
+class Preemption(StepBoundary):
     """On SIGTERM (SLURM and most schedulers send it before SIGKILL), or a first Ctrl-C, save last.ckpt and leave
-    at once.
+    at once; under SLURM (``job``), its warning signal too, and then requeue the job.
 
     The signal only sets a flag. At the end of the current optimizer step (with
     gradient accumulation: after the last micro-batch of the current window, whose
@@ -46,12 +49,25 @@ class PreemptOnSigterm(StepBoundary):
     flag is shared across ranks every ``ddp_check_every`` optimizer steps (a
     collective and a host sync, so not at every step), at the same micro-batch
     on every rank, and all ranks stop at the same step.
+
+    Under SLURM, the warning signal (``--signal=USR1@<seconds>``) raises the same flag, so the save happens at an
+    optimizer-step boundary into ``last.ckpt``; once it is written and the run recorded as preempted, rank 0
+    requeues the job, and SLURM then ends every task (their SIGTERM is the second signal: out at once, nothing
+    left to write) and starts the job again later. After a SIGTERM alone the run stops without requeueing, and
+    says how to resume.
     """
 
     def __init__(
-        self, checkpoint_path: Path, on_preempted: Callable[[], None] = lambda: None, ddp_check_every: int = 10
+        self,
+        checkpoint_path: Path,
+        on_preempted: Callable[[], None] = lambda: None,
+        ddp_check_every: int = 10,
+        job: SlurmJob | None = None,
     ) -> None:
         self.checkpoint_path = checkpoint_path
+        self.job = job
+        self.warned = False  # SLURM's warning came (on this rank; SLURM signals every task)
+        self.previous_handler = None
         self.on_preempted = on_preempted
         self.ddp_check_every = max(1, ddp_check_every)
         self.requested = False
@@ -60,6 +76,19 @@ class PreemptOnSigterm(StepBoundary):
         self.saved_at_step: int | None = None
         # whether the last training micro-batch ended its optimizer step; a run starts (or resumes) at a step
         self.at_step_boundary = True
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self.job is not None:  # as early as a callback can: USR1's default action ends the process
+            self.previous_handler = signal.signal(REQUEUE_SIGNAL, self._on_warning)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self.previous_handler is not None:
+            signal.signal(REQUEUE_SIGNAL, self.previous_handler)
+
+    def _on_warning(self, signum, frame) -> None:
+        self.warned = True
+        self._on_signal(signum, frame)
+        self.exit_code = 128 + signal.SIGTERM  # as a job stopped by SLURM's SIGTERM: its docs' exit-code table
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # after Lightning registers its own handlers (its SIGTERM one would stop mid-validation without saving,
@@ -96,15 +125,29 @@ class PreemptOnSigterm(StepBoundary):
         trainer.save_checkpoint(self.checkpoint_path, weights_only=False)  # optimizer, loops, callbacks too
         self.saved_at_step = trainer.global_step
         if trainer.is_global_zero:
-            print(
-                f"resnorm-lm: {self.signal_name}: saved {self.checkpoint_path} at step {trainer.global_step}; "
-                "continue with RESUME=last",
-                flush=True,
-            )
+            said = f"saved {self.checkpoint_path} at step {trainer.global_step}"
+            if self.warned:
+                print(f"resnorm-lm: SLURM's warning signal ({REQUEUE_SIGNAL.name}): {said}", flush=True)
+            else:
+                print(f"resnorm-lm: {self.signal_name}: {said}; continue with RESUME=last", flush=True)
 
     def _leave(self) -> None:
         self.on_preempted()
+        if self.job is not None and rank_zero_only.rank == 0:
+            print(self._requeue() if self.warned else self._after_sigterm(), flush=True)
         raise Preempted(f"preempted at step {self.saved_at_step}", self.exit_code)
+
+    def _requeue(self) -> str:
+        error = self.job.requeue()
+        if error is None:
+            return f"resnorm-lm: requeued SLURM job {self.job.job_id}: it resumes from last.ckpt when it starts again"
+        return f"resnorm-lm: could not requeue SLURM job {self.job.job_id} ({error}); {RESUME_HINT}"
+
+    def _after_sigterm(self) -> str:
+        return (
+            f"resnorm-lm: SLURM job {self.job.job_id} stopped by SIGTERM (scancel, time limit or preemption). "
+            f"If SLURM requeues it, it resumes from last.ckpt by itself; if not, {RESUME_HINT}"
+        )
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         # mid-window, train on to the window's end (StepBoundary); every rank has the same windows, so the

@@ -28,15 +28,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import lightning as L
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities import rank_zero_only
-
-from resnorm_lm.train.preemption import Preempted, PreemptOnSigterm
 
 REQUEUE_SIGNAL = signal.SIGUSR1  # the warning the sbatch script asks for: --signal=USR1@<seconds>
 RESUME_HINT = "resubmit it with RESUME=last (docs/cluster.md)"
@@ -85,77 +81,3 @@ def resume_after_requeue(ckpt_path: str | None, last_checkpoint: Path, job: Slur
             flush=True,
         )
     return str(last_checkpoint)
-
-
-class RequeueOnWarning(PreemptOnSigterm):
-    """``PreemptOnSigterm`` under SLURM, plus its warning signal: save at the end of the step, then requeue.
-
-    USR1 raises the same flag as SIGTERM (shared across DDP ranks the same way, and a second signal of either
-    kind still exits at once), so the save happens at an optimizer-step boundary into ``last.ckpt``. Once it
-    is written and the run recorded as preempted, rank 0 requeues the job; SLURM then ends every task (their
-    SIGTERM is the second signal: out at once, nothing left to write) and starts the job again later.
-    After a SIGTERM alone the run stops without requeueing, and says how to resume.
-    """
-
-    def __init__(
-        self,
-        job: SlurmJob,
-        checkpoint_path: Path,
-        on_preempted: Callable[[], None] = lambda: None,
-        ddp_check_every: int = 10,
-    ) -> None:
-        super().__init__(checkpoint_path, on_preempted, ddp_check_every)
-        self.job = job
-        self.warned = False  # the requeue signal came (on this rank; SLURM signals every task)
-        self.previous_handler = None
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        # as early as a callback can: USR1's default action ends the process (Lightning leaves USR1 alone
-        # with auto_requeue off)
-        self.previous_handler = signal.signal(REQUEUE_SIGNAL, self._on_warning)
-
-    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if self.previous_handler is not None:
-            signal.signal(REQUEUE_SIGNAL, self.previous_handler)
-
-    def _on_warning(self, signum, frame) -> None:
-        self.warned = True
-        self._on_signal(signum, frame)
-        self.exit_code = 128 + signal.SIGTERM  # as a job stopped by SLURM's SIGTERM: its docs' exit-code table
-
-    def _save(self, trainer: L.Trainer) -> None:
-        if not self.warned:
-            return super()._save(trainer)
-        trainer.save_checkpoint(self.checkpoint_path, weights_only=False)  # optimizer, loops, callbacks too
-        self.saved_at_step = trainer.global_step
-        if trainer.is_global_zero:
-            print(
-                f"resnorm-lm: SLURM's warning signal ({REQUEUE_SIGNAL.name}): saved {self.checkpoint_path} at "
-                f"step {trainer.global_step}",
-                flush=True,
-            )
-
-    def _leave(self) -> None:
-        self.on_preempted()
-        if rank_zero_only.rank == 0:
-            print(self._requeue() if self.warned else self._after_sigterm(), flush=True)
-        raise Preempted(f"preempted at step {self.saved_at_step}", self.exit_code)
-
-    def _requeue(self) -> str:
-        error = self.job.requeue()
-        if error is None:
-            return f"resnorm-lm: requeued SLURM job {self.job.job_id}: it resumes from last.ckpt when it starts again"
-        return f"resnorm-lm: could not requeue SLURM job {self.job.job_id} ({error}); {RESUME_HINT}"
-
-    def _after_sigterm(self) -> str:
-        return (
-            f"resnorm-lm: SLURM job {self.job.job_id} stopped by SIGTERM (scancel, time limit or preemption). "
-            f"If SLURM requeues it, it resumes from last.ckpt by itself; if not, {RESUME_HINT}"
-        )
-
-
-def preemption_callback(job: SlurmJob | None, checkpoint_path: Path, on_preempted: Callable[[], None]):
-    """What saves a run that is asked to stop: ``RequeueOnWarning`` under SLURM, else ``PreemptOnSigterm``."""
-    if job is None:
-        return PreemptOnSigterm(checkpoint_path, on_preempted=on_preempted)
-    return RequeueOnWarning(job, checkpoint_path, on_preempted=on_preempted)
