@@ -21,7 +21,7 @@ from resnorm_lm.train.checkpoint_io import CheckpointWriteError
 from resnorm_lm.train.lightning_cli import ResnormCLI, check_checkpoint_argument
 from resnorm_lm.train.preemption import Preempted
 from resnorm_lm.train.recipes import expand_recipe_arguments
-from resnorm_lm.train.run_lock import release_all
+from resnorm_lm.train.runs import after_a_failed_checkpoint, release_all
 
 TOOLS = {  # the commands beside LightningCLI's: the module whose main() each runs
     "eval": "resnorm_lm.analysis.evaluate",
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ResnormError, ValueError, NotImplementedError) as err:
         if os.environ.get("RESNORM_LM_DEBUG"):
             raise
-        advice = f"; {err.advice()}" if isinstance(err, CheckpointWriteError) else ""
+        advice = f"; {after_a_failed_checkpoint(err.path)}" if isinstance(err, CheckpointWriteError) else ""
         print(f"resnorm-lm: error: {err}{advice}", file=sys.stderr)
         return 2
     finally:

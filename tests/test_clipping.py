@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from resnorm_lm.train.clipping import ClipRecord
+from resnorm_lm.train.diagnostics import ClipRecord
 from tests.smoke import run_cli, smoke_args
 
 

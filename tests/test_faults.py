@@ -486,14 +486,14 @@ def test_write_probe_leaves_another_ranks_probe_alone(tmp_path):
 def test_a_run_being_trained_by_another_process_is_refused_and_left_alone(baseline, tmp_path, capsys):
     """`make train` twice on one run (or compare started again while a killed compare's runs still train):
     the second is refused with who holds the run, before it writes anything, and the first's files stay."""
-    from resnorm_lm.train.run_lock import RunLock
+    from resnorm_lm.train.runs import RunLock
 
     root = tmp_path / "runs"
     run_dir = root / "prenorm-12l" / "smoke-seed1"
     assert run_cli(smoke_args(baseline["corpus"], f"--run.root={root}", *COMMON, "--trainer.max_steps=3")) == 0
     files = [run_dir / "eval.json", run_dir / "metrics.csv", run_dir / "checkpoints" / "last.ckpt"]
     before = [f.read_bytes() for f in files]
-    hold = f"from resnorm_lm.train.run_lock import RunLock; lock = RunLock({str(run_dir)!r}); lock.acquire(); "
+    hold = f"from resnorm_lm.train.runs import RunLock; lock = RunLock({str(run_dir)!r}); lock.acquire(); "
     holder = subprocess.Popen(
         [sys.executable, "-c", hold + "print('held', flush=True); import time; time.sleep(120)"],
         cwd=REPO,
@@ -518,7 +518,7 @@ def test_a_run_being_trained_by_another_process_is_refused_and_left_alone(baseli
 def test_the_run_lock_is_released_when_the_run_ends(baseline, tmp_path):
     """Trained then resumed in one process: the first fit's lock is gone by the second (main() drops it when
     the fit ends). Under DDP only rank 0 takes it: the DDP tests train with two ranks in one run directory."""
-    from resnorm_lm.train.run_lock import RunLock
+    from resnorm_lm.train.runs import RunLock
 
     root = tmp_path / "runs"
     args = smoke_args(baseline["corpus"], f"--run.root={root}", *COMMON)
@@ -533,7 +533,7 @@ def test_a_filesystem_without_locks_warns_and_trains(tmp_path, monkeypatch, caps
     import errno
     import fcntl
 
-    from resnorm_lm.train.run_lock import RunLock
+    from resnorm_lm.train.runs import RunLock
 
     def no_locks(fd, op):
         raise OSError(errno.ENOLCK, "No locks available")

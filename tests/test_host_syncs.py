@@ -19,10 +19,10 @@ from lightning.pytorch.plugins import MixedPrecision
 from torch.utils.data import DataLoader, TensorDataset
 
 from resnorm_lm.model.gpt import GPT, GPTConfig
+from resnorm_lm.train.callbacks import SparseThroughputMonitor
 from resnorm_lm.train.diagnostics import grad_norms
 from resnorm_lm.train.divergence import DivergenceConfig, DivergenceGuard, LossWindow
 from resnorm_lm.train.lightning_module import LanguageModel
-from resnorm_lm.train.monitors import SparseThroughputMonitor
 from resnorm_lm.train.optim import OptimConfig, build_optimizer
 
 NAN, INF = float("nan"), float("inf")

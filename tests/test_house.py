@@ -58,7 +58,7 @@ RUN_FILES = r"\"(eval\.json|config\.yaml|last\.ckpt|manifest\.json|metrics\.csv)
 NOT_RUN_DIRECTORIES = {  # files that name the same file names for something other than a run directory
     "resnorm_lm/data/bins.py": "the token bins' own manifest.json",
     "resnorm_lm/data/prepare.py": "the token bins' own manifest.json",
-    "resnorm_lm/train/logging.py": "the CSV logger continuing the metrics.csv it writes",
+    "resnorm_lm/train/callbacks.py": "the CSV logger continuing the metrics.csv it writes",
 }
 
 

@@ -82,7 +82,7 @@ def test_every_import_of_the_package_in_the_repository_names_a_module_that_exist
 
 def test_the_package_root_holds_only_the_wings_the_command_and_shared_pieces():
     modules = sorted(p.name for p in PACKAGE.iterdir() if p.suffix == ".py")
-    assert modules == ["__init__.py", "__main__.py", "cli.py", "registry.py", "targets.py"]
+    assert modules == ["__init__.py", "__main__.py", "cli.py", "errors.py", "registry.py", "targets.py"]
     for wing in ("model", "train", "analysis", "data"):
         doc = importlib.import_module(f"resnorm_lm.{wing}").__doc__
         assert doc and "Imports" in doc or wing == "data", wing  # each wing's docstring says what it may import

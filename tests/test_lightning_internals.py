@@ -15,8 +15,7 @@ from lightning.pytorch.callbacks import ThroughputMonitor
 from lightning.pytorch.trainer.states import RunningStage
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
-from resnorm_lm.train.monitors import SparseThroughputMonitor, logs_this_step
-from resnorm_lm.train.step_boundary import ends_optimizer_step
+from resnorm_lm.train.callbacks import SparseThroughputMonitor, ends_optimizer_step, logs_this_step
 
 VERSION = L.__version__
 BATCHES, BATCH = 7, 2  # 7 micro-batches an epoch: windows of 3 leave a last window of 1
@@ -60,7 +59,7 @@ class Recorder(L.LightningModule):
             loop,
             "_should_accumulate",
             "trainer.fit_loop._should_accumulate()",
-            "resnorm_lm/train/step_boundary.py (checked against it)",
+            "resnorm_lm/train/callbacks.py (checked against it)",
         )
         ours = ends_optimizer_step(self.trainer, batch_idx)
         self.steps.append((self.current_epoch, batch_idx, ours, not should_accumulate()))
@@ -74,7 +73,7 @@ class Recorder(L.LightningModule):
                 self.trainer,
                 "_logger_connector",
                 "trainer._logger_connector",
-                "resnorm_lm/train/monitors.py (checked against it)",
+                "resnorm_lm/train/callbacks.py (checked against it)",
             )
             self.logs.append((self.trainer.global_step, logs_this_step(self.trainer), connector.should_update_logs))
 
@@ -109,13 +108,13 @@ def test_the_step_boundary_and_logging_rules_agree_with_lightnings_own_on_every_
     disagree = [(epoch, i, ours, theirs) for epoch, i, ours, theirs in module.steps if ours != theirs]
     assert not disagree, moved(
         "the rule for when the optimizer steps (fit_loop._should_accumulate)",
-        f"resnorm_lm/train/step_boundary.py, which disagrees at {disagree}",
+        f"resnorm_lm/train/callbacks.py, which disagrees at {disagree}",
     )
     assert sum(theirs for *_, theirs in module.steps) == trainer.global_step == 2 * -(-BATCHES // accumulate)
     wrong_logs = [row for row in module.logs if row[1] != row[2]]
     assert not wrong_logs, moved(
         "when training metrics are logged (_logger_connector.should_update_logs)",
-        f"resnorm_lm/train/monitors.py, which disagrees at {wrong_logs}",
+        f"resnorm_lm/train/callbacks.py, which disagrees at {wrong_logs}",
     )
     assert any(ours for _, ours, _ in module.logs)
 
@@ -124,7 +123,7 @@ def test_the_step_a_run_stops_at_is_logged_as_lightning_logs_it():
     module = Recorder(stop_at=3)  # log_every_n_steps=2: step 3 is logged only because the run stops there
     fit(module, DataLoader(TensorDataset(torch.randn(BATCHES * BATCH, 4)), batch_size=BATCH), accumulate=1)
     what = "logging at the step a run stops (should_update_logs)"
-    assert module.logs[-1] == (3, True, True), moved(what, f"resnorm_lm/train/monitors.py, which logs {module.logs}")
+    assert module.logs[-1] == (3, True, True), moved(what, f"resnorm_lm/train/callbacks.py, which logs {module.logs}")
 
 
 def test_the_throughput_monitor_still_keeps_the_counts_the_sparse_monitor_adds_to():
@@ -133,8 +132,8 @@ def test_the_throughput_monitor_still_keeps_the_counts_the_sparse_monitor_adds_t
     loader = DataLoader(TensorDataset(torch.randn(BATCHES * BATCH, 4)), batch_size=BATCH)
     fit(Recorder(), loader, accumulate=1, callbacks=[monitor], max_epochs=1)
     for name, per_batch in (("_samples", BATCH), ("_batches", 1), ("_lengths", BATCH * 4)):
-        counts = private(monitor, name, f"ThroughputMonitor.{name}", "resnorm_lm/train/monitors.py")
+        counts = private(monitor, name, f"ThroughputMonitor.{name}", "resnorm_lm/train/callbacks.py")
         assert counts.get(RunningStage.TRAINING) == BATCHES * per_batch, moved(
-            f"ThroughputMonitor.{name} (a count per stage)", "resnorm_lm/train/monitors.py"
+            f"ThroughputMonitor.{name} (a count per stage)", "resnorm_lm/train/callbacks.py"
         )
     assert issubclass(SparseThroughputMonitor, ThroughputMonitor)

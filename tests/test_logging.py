@@ -6,7 +6,7 @@ import csv
 
 from lightning.pytorch.utilities import rank_zero_only
 
-from resnorm_lm.train.logging import ContinuedCSVLogger
+from resnorm_lm.train.callbacks import ContinuedCSVLogger
 
 
 def write_metrics(path, steps):

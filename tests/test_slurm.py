@@ -15,8 +15,8 @@ import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment
 
 from resnorm_lm.train.lightning_cli import ResnormCLI
+from resnorm_lm.train.preemption import SlurmJob, resume_after_requeue
 from resnorm_lm.train.recipes import expand_recipe_arguments
-from resnorm_lm.train.slurm import SlurmJob, resume_after_requeue
 from tests.smoke import assert_same_training_state, run_cli, smoke_args, write_corpus
 
 REPO = Path(__file__).resolve().parents[1]

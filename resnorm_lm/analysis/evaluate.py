@@ -29,12 +29,12 @@ from resnorm_lm.train.precision import (
     AUTO,
     PrecisionChoice,
     PrecisionError,
+    Trainer,
     missing_native_bf16,
     resolve_precision,
     uses_cuda,
 )
 from resnorm_lm.train.runs import RunDir
-from resnorm_lm.train.trainer import Trainer
 
 RUN = "run"  # evaluate at the precision the run trained with
 PRECISIONS = (RUN, AUTO, *get_args(_PRECISION_INPUT_STR), "64", "32", "16", "bf16")  # Lightning's, and its aliases

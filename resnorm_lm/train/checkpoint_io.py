@@ -48,20 +48,6 @@ class CheckpointWriteError(ResnormError, OSError):
         super().__init__(f"could not write the checkpoint {path}: {why} ({self.free / 2**20:.0f} MiB free on the "
                          f"disk of {folder})")  # fmt: skip
 
-    def advice(self) -> str:
-        """Which checkpoint is good and how to go on, for the run the checkpoint belongs to."""
-        last = self.path.parent / "last.ckpt"
-        if self.path.parent.name != "checkpoints" or not last.is_file():
-            return "free some space (or choose --run.root on another disk) and train again"
-        try:
-            step = int(read_checkpoint_file(last, mmap=True)["global_step"])
-        except (CheckpointFileError, KeyError, TypeError, ValueError):
-            return f"its last checkpoint {last} cannot be read; free some space and train again"
-        return (
-            f"nothing is lost: {last} is whole, at step {step}. Free some space (or move the run directory to "
-            "another disk), then resume it with the same command and RESUME=last (--ckpt_path last)"
-        )
-
 
 class UnsafeCheckpointError(CheckpointFileError):
     """A file that holds objects a checkpoint never holds: it was refused before any of them was built."""

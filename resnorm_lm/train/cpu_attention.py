@@ -27,7 +27,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from resnorm_lm.data.cache import default_cache_dir, sha256_json
 from resnorm_lm.model.layers import use_cpu_sdpa_backend
-from resnorm_lm.train.precision import interleaved_thread_times, kept_per_machine, machine_key
+from resnorm_lm.train.hardware import interleaved_thread_times, kept_per_machine, machine_key
 
 BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "math": SDPBackend.MATH}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

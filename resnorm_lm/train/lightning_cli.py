@@ -21,21 +21,31 @@ from lightning.pytorch.utilities import rank_zero_only
 from resnorm_lm.data.cache import remove_temp_files
 from resnorm_lm.data.datamodule import DEFAULT_DATA_SEED, TextDataModule
 from resnorm_lm.errors import ResnormError
-from resnorm_lm.train.checkpoint_callbacks import FinalCheckpoint, GoodStateCheckpoint
+from resnorm_lm.train.callbacks import ContinuedCSVLogger, FinalCheckpoint, GoodStateCheckpoint, SparseThroughputMonitor
 from resnorm_lm.train.checkpoint_io import AtomicCheckpointIO
 from resnorm_lm.train.config_checks import check_hardware, check_memory, check_trainer_numbers
 from resnorm_lm.train.cpu_attention import use_for_run
 from resnorm_lm.train.lightning_module import LanguageModel
 from resnorm_lm.train.loaded_run import data_differences
-from resnorm_lm.train.logging import ContinuedCSVLogger
-from resnorm_lm.train.monitors import SparseThroughputMonitor
-from resnorm_lm.train.precision import PrecisionChoice, PrecisionError, resolve_precision, tf32_wanted, uses_cuda
-from resnorm_lm.train.preemption import Preemption
+from resnorm_lm.train.precision import (
+    PrecisionChoice,
+    PrecisionError,
+    Trainer,
+    resolve_precision,
+    tf32_wanted,
+    uses_cuda,
+)
+from resnorm_lm.train.preemption import Preemption, SlurmJob, cluster_plugins, resume_after_requeue
 from resnorm_lm.train.resume import CheckpointFacts, ResumeRequest, check_resume
-from resnorm_lm.train.run_lock import RunDirectoryInUse, RunLock
-from resnorm_lm.train.runs import RunConfig, RunDir, RunManifest, StopAfterSteps, run_directory
-from resnorm_lm.train.slurm import SlurmJob, cluster_plugins, resume_after_requeue
-from resnorm_lm.train.trainer import Trainer
+from resnorm_lm.train.runs import (
+    RunConfig,
+    RunDir,
+    RunDirectoryInUse,
+    RunLock,
+    RunManifest,
+    StopAfterSteps,
+    run_directory,
+)
 
 MIN_FREE_DISK_BYTES = 200 * 2**20  # refuse to start a run with less free space than this
 EXIT_DIVERGED = 3  # the run diverged: last.ckpt is the last good state
@@ -260,7 +270,7 @@ class ResnormCLI(LightningCLI):
         self.exit_code = EXIT_DIVERGED if summary["diverged"] else 0
 
     def _finish(self, preempted: bool) -> dict:
-        from resnorm_lm.train.summary import finish_run
+        from resnorm_lm.train.runs import finish_run
 
         return finish_run(self.trainer, self.model, self.datamodule, self.run_config, self.run_dir, preempted)
 

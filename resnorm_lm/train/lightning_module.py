@@ -14,12 +14,11 @@ from torchmetrics import Metric
 
 from resnorm_lm.model.gpt import GPT, GPTConfig
 from resnorm_lm.targets import IGNORE_INDEX
-from resnorm_lm.train.clipping import ClipRecord
-from resnorm_lm.train.diagnostics import StreamRMS, grad_norms
+from resnorm_lm.train.callbacks import ends_optimizer_step
+from resnorm_lm.train.diagnostics import ClipRecord, StreamRMS, grad_norms
 from resnorm_lm.train.divergence import DivergenceConfig, DivergenceGuard, LossWindow, ReadVerdicts
 from resnorm_lm.train.optim import OptimConfig, build_optimizer
 from resnorm_lm.train.resume import arch_differences
-from resnorm_lm.train.step_boundary import ends_optimizer_step
 
 
 class SplitMetric(Metric):
@@ -164,7 +163,7 @@ class LanguageModel(L.LightningModule):
         if self.losses.summary is not None:  # only if ends_optimizer_step stopped agreeing with Lightning's rule
             raise RuntimeError(
                 "an optimizer step whose last micro-batch was not judged by the divergence guard: "
-                "resnorm_lm/train/step_boundary.py no longer agrees with this Lightning version's accumulation"
+                "resnorm_lm/train/callbacks.py no longer agrees with this Lightning version's accumulation"
             )
         self._log_grad_norms()
         if self.verdicts_on_device:

@@ -1,39 +1,29 @@
-"""``precision: auto``: the fastest precision the hardware really supports, measured, and said aloud.
-
-On CUDA: ``bf16-mixed`` where the GPU supports bf16, else ``16-mixed`` (with its grad scaler).
-On CPU: ``bf16-mixed`` only where both hold, else ``32-true``:
-
-1. the gate: the CPU has native bf16 arithmetic (AVX512_BF16 or AMX on x86, BF16 on Arm) and nothing
-   caps this process below it (torch's CPU capability, ``ONEDNN_MAX_CPU_ISA``). Without it bf16 is
-   emulated and runs tens of times slower than fp32 (28x to 130x measured on AVX2-only CPUs): no
-   timing can overrule the gate.
-2. the probe: what a training step does (forward and backward of the MLP of the ``cpu`` profile's
-   shape under bf16 autocast, against fp32; interleaved; the median of many pairs; one thread's CPU
-   time, which other processes' load does not change) runs at least ``BF16_MIN_SPEEDUP`` as fast in bf16.
-
-The probe runs once per machine (CPU model, core count, torch version) and its result is kept in
-``$RESNORM_LM_CACHE/precision/``, so every run on a machine gets the same answer::
-
-    python -m resnorm_lm.train.precision            # what auto chooses here, and why
-    python -m resnorm_lm.train.precision --measure  # measure again and replace the kept result
-"""
+"""``precision: auto``: the fastest precision the hardware really supports, measured and said aloud; and the
+``Trainer`` that takes it."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
+import lightning as L
 import torch
 
-from resnorm_lm.data.cache import build_lock, default_cache_dir, sha256_json, write_json_atomic
+from resnorm_lm.data.cache import default_cache_dir, sha256_json
 from resnorm_lm.errors import ResnormError
+from resnorm_lm.train.hardware import (
+    cpu_features,
+    interleaved_thread_times,
+    is_x86,
+    kept_per_machine,
+    machine_key,
+    native_bf16_flags,
+)
 
 AUTO = "auto"
 # bf16 must beat fp32 on the probe by this factor. The probe times the part of a step that bf16 speeds up most;
@@ -65,37 +55,6 @@ class PrecisionChoice:
 
 
 # ---------------------------------------------------------------- the gate: what this CPU (and process) can do
-
-
-def cpu_features() -> dict:
-    """This CPU's model name, architecture and instruction-set flags: /proc/cpuinfo, else torch's cpuinfo (macOS)."""
-    try:
-        first_cpu = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
-    except OSError:
-        get_capabilities = getattr(torch.cpu, "get_capabilities", None)  # torch >= 2.9
-        if get_capabilities is not None:
-            return dict(get_capabilities())
-        return {"architecture": platform.machine(), "cpu_name": platform.processor() or platform.machine()}
-    fields = {
-        key.strip(): value.strip()
-        for key, value in (line.split(":", 1) for line in first_cpu.splitlines() if ":" in line)
-    }
-    flags = fields.get("flags", fields.get("Features", "")).split()  # x86 says flags, Arm says Features
-    return {
-        "architecture": platform.machine(),
-        "cpu_name": fields.get("model name", platform.machine()),
-        **dict.fromkeys(flags, True),
-    }
-
-
-def is_x86(features: dict) -> bool:
-    return str(features.get("architecture", "")).lower() in ("x86_64", "amd64", "x86", "i386", "i686")
-
-
-def native_bf16_flags(features: dict) -> list[str]:
-    """The flags of native bf16 arithmetic this CPU has (none: bf16 is emulated)."""
-    names = ("avx512_bf16", "amx_bf16") if is_x86(features) else ("bf16", "sve_bf16")
-    return [name for name in names if features.get(name)]
 
 
 def missing_native_bf16() -> str | None:
@@ -177,53 +136,16 @@ def measure_cpu_bf16(pairs: int = PROBE_PAIRS) -> Bf16Probe:
     )
 
 
-def interleaved_thread_times(steps: dict, pairs: int) -> dict[str, list[float]]:
-    """Each of ``steps`` (name -> a call returning its seconds) once to warm up (oneDNN primitives, weight packing,
-    first-touch memory), then ``pairs`` rounds of all of them, the order reversed every other round, all on one
-    thread so that its CPU time is the whole cost. Returns each step's times, round by round."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        for step in steps.values():
-            step()
-        times: dict[str, list[float]] = {name: [] for name in steps}
-        for i in range(pairs):
-            for name in list(steps)[:: 1 if i % 2 == 0 else -1]:
-                times[name].append(steps[name]())
-    finally:
-        torch.set_num_threads(threads)
-    return times
-
-
 # ---------------------------------------------------------------- kept per machine in $RESNORM_LM_CACHE
-
-
-def machine_key() -> dict:
-    """What the probe's answer depends on: the CPU, its cores, torch (its kernels), the probe itself."""
-    return {
-        "cpu": cpu_features().get("cpu_name") or platform.processor(),
-        "cores": os.cpu_count(),
-        "torch": torch.__version__,
-        "probe": PROBE_VERSION,
-    }
 
 
 def probe_cache_path(key: dict) -> Path:
     return default_cache_dir() / "precision" / f"cpu-bf16-{sha256_json(key)[:16]}.json"
 
 
-def read_kept(path: Path, key: dict, load):
-    """The measurement kept at ``path`` for this machine; None when absent, unreadable or for another machine."""
-    try:
-        data = json.loads(path.read_text())
-        return load(data["probe"]) if data["machine"] == key else None
-    except (OSError, ValueError, KeyError, TypeError):  # absent, torn by hand or foreign: measure again
-        return None
-
-
 def cpu_bf16_probe(measure: bool = False) -> tuple[Bf16Probe, str]:
     """This machine's probe and where it came from: kept in the cache, or measured now (always when ``measure``)."""
-    key = machine_key()
+    key = {**machine_key(), "probe": PROBE_VERSION}
     return kept_per_machine(
         probe_cache_path(key),
         key,
@@ -232,25 +154,6 @@ def cpu_bf16_probe(measure: bool = False) -> tuple[Bf16Probe, str]:
         "python -m resnorm_lm.train.precision --measure",
         measure,
     )
-
-
-def kept_per_machine(path: Path, key: dict, measure_now, load, again: str, measure: bool = False):
-    """A measurement of this machine kept at ``path`` for ``key``, or taken now by ``measure_now()`` (a dataclass)
-    and kept; ``load`` rebuilds it from its dict. Returns it and a phrase saying where it came from.
-
-    A lock makes concurrent first runs (DDP ranks, parallel sweeps) measure once and share the result.
-    """
-    result = None
-    try:
-        with build_lock(path):
-            kept = None if measure else read_kept(path, key, load)
-            if kept is not None:
-                return kept, f"measured {kept.measured}, read from {path}; `{again}` measures again"
-            result = measure_now()
-            write_json_atomic(path, {"machine": key, "probe": asdict(result)})
-            return result, f"measured now, kept in {path}"
-    except OSError as err:  # a cache that cannot be written: measure in every run (once), and say why
-        return result or measure_now(), f"measured now, not kept: {err}"
 
 
 def choose_auto(cuda: bool, measure: bool = False) -> PrecisionChoice:
@@ -344,3 +247,27 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ---------------------------------------------------------------- the Trainer that takes ``auto``
+#
+# It earns its place by its signature: LightningCLI validates a config's ``trainer.precision`` against it, and
+# Lightning's own has no ``auto``. The CLI resolves ``auto`` before the Trainer is built (and says what it chose);
+# a Trainer built in Python with ``auto`` resolves it here.
+
+
+class Trainer(L.Trainer):
+    """``L.Trainer`` plus ``precision: auto`` (the default) and TF32 matmuls on CUDA (unless RESNORM_LM_TF32=off).
+
+    Args:
+        precision: ``auto`` (the fastest of bf16-mixed and 32-true that this hardware really runs fast,
+            measured; bf16-mixed or 16-mixed on CUDA) or any precision Lightning accepts.
+        *args, **kwargs: everything else, as for ``lightning.Trainer``.
+    """
+
+    def __init__(self, *args, precision: str | int | None = AUTO, **kwargs) -> None:
+        cuda = uses_cuda(kwargs.get("accelerator", "auto"))
+        if precision in (AUTO, None):
+            precision = resolve_precision(precision, cuda).precision
+        set_matmul_precision_for(cuda)
+        super().__init__(*args, precision=precision, **kwargs)

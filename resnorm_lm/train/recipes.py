@@ -131,7 +131,7 @@ def tuned_overlay(
     lines += [f"#   {line}" for line in evidence]
     lines += ["model:", "  optim:", f"    {'lr: ' + format(lr, 'g'):<22}# peak learning rate"]
     if schedule is not None:
-        lines.append(f"    {'schedule: ' + schedule:<22}# resnorm_lm/train/schedules.py")
+        lines.append(f"    {'schedule: ' + schedule:<22}# resnorm_lm/train/optim.py")
     if warmup is not None:
         lines.append(f"    {'warmup_fraction: ' + format(warmup, 'g'):<22}# linear warmup, this fraction of the run")
     return "\n".join(lines) + "\n"

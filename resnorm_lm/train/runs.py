@@ -1,27 +1,36 @@
-"""Run directories: where a run lives (``RunDir``, the one reader of its files), what it records (manifest,
-eval.json), and its RESULT line."""
+"""Run directories: where a run lives (``RunDir``, the one reader of its files), the lock of the process that trains
+it, what it records (manifest, eval.json), how it ends (the final validation and its RESULT line)."""
 
 from __future__ import annotations
 
 import csv
+import errno
+import fcntl
 import json
+import math
 import os
 import platform
+import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_only
 
 from resnorm_lm.data.cache import write_json_atomic
+from resnorm_lm.errors import ResnormError
+from resnorm_lm.model.decoding import stream_text
 from resnorm_lm.model.gpt import count_parameters
-from resnorm_lm.train.precision import PrecisionChoice, cpu_features, native_bf16_flags
+from resnorm_lm.train.checkpoint_io import CheckpointFileError, read_checkpoint_file
+from resnorm_lm.train.hardware import cpu_features, native_bf16_flags
+from resnorm_lm.train.precision import PrecisionChoice
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the repository in a source checkout; site-packages in a wheel
 
@@ -90,7 +99,7 @@ class RunDir:
             metrics.csv     the logged metrics (one row per logged step)
             eval.json       the summary finish_run writes, with the evaluations ``resnorm-lm eval`` merges in
             checkpoints/    last.ckpt (the latest state: the final weights once finished), best.ckpt, step*.ckpt
-            .lock           held by the process training the run (resnorm_lm/train/run_lock.py)
+            .lock           held by the process training the run (resnorm_lm/train/runs.py)
 
     A file that is not there reads as empty ({}, or no checkpoints).
     """
@@ -178,6 +187,23 @@ class RunDir:
     def init(self) -> str | None:
         """The weight init the run trained from (runs from before it was named: gpt2); None without config.yaml."""
         return self.arch().get("init", "gpt2") if self.config_path.is_file() else None
+
+
+def after_a_failed_checkpoint(path: Path) -> str:
+    """Which checkpoint of the run that ``path`` (a checkpoint that could not be written) belongs to is good, and
+    how to go on."""
+    run = RunDir(path.parent.parent)
+    last = run.last_checkpoint
+    if path.parent != run.checkpoints_dir or not last.is_file():
+        return "free some space (or choose --run.root on another disk) and train again"
+    try:
+        step = int(read_checkpoint_file(last, mmap=True)["global_step"])
+    except (CheckpointFileError, KeyError, TypeError, ValueError):
+        return f"its last checkpoint {last} cannot be read; free some space and train again"
+    return (
+        f"nothing is lost: {last} is whole, at step {step}. Free some space (or move the run directory to another "
+        "disk), then resume it with the same command and RESUME=last (--ckpt_path last)"
+    )
 
 
 def code_revision() -> str:
@@ -375,3 +401,154 @@ def result_line(summary: dict[str, Any]) -> str:
             value = summary[key]
             parts.append(f"{key}={value:.4f}" if isinstance(value, float) else f"{key}={value}")
     return "RESULT " + " ".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# One training process per run directory: an exclusive lock on ``<run dir>/.lock``, held while the run trains.
+#
+# Two processes training one run directory (the same ``make train`` started twice, a ``compare`` started again
+# while the runs of an earlier one it was killed out of still train, a job requeued while its first instance
+# lingers) would overwrite each other's checkpoints and interleave their metrics. The second one is refused
+# with who holds the run. The lock is ``flock``: the kernel releases it when its process ends however it ends
+# (SIGKILL, a crash, the node gone for NFS's lock recovery), so a lock is never stale; the file's text (pid,
+# host, start time) only names the holder. Under DDP only global rank 0 takes it: every rank trains the run.
+
+LOCK_NAME = ".lock"
+NO_LOCKS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL})  # a filesystem without flock
+
+
+HELD: set[RunLock] = set()  # the locks this process holds: release_all() drops them
+
+
+class RunDirectoryInUse(ResnormError, RuntimeError):
+    """Another live process holds the run directory's lock."""
+
+
+class RunLock:
+    """The lock of one run directory, held from ``acquire`` until ``release`` or the end of the process."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = Path(run_dir) / LOCK_NAME
+        self.file: IO[str] | None = None
+
+    def acquire(self) -> None:
+        """Take the lock, or raise RunDirectoryInUse naming its holder. A filesystem without locks: a warning."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        f = self.path.open("a+")
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "a process that has not written its name yet"
+            f.close()
+            raise RunDirectoryInUse(
+                f"{self.path.parent} is being trained by another process ({holder}): two processes would "
+                "overwrite each other's checkpoints and metrics. Wait for it to finish, or stop it (SIGTERM saves "
+                "its checkpoint at the end of the current step) and continue with RESUME=last"
+            ) from None
+        except OSError as err:
+            f.close()
+            if err.errno not in NO_LOCKS:
+                raise
+            print(
+                f"resnorm-lm: warning: cannot lock {self.path} ({err.strerror}): this filesystem has no file "
+                "locks, so make sure no other process trains this run",
+                file=sys.stderr,
+                flush=True,
+            )
+            return
+        started = datetime.now(UTC).isoformat(timespec="seconds")
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()} on {socket.gethostname()}, since {started}\n")
+        f.flush()
+        self.file = f
+        HELD.add(self)
+
+    def release(self) -> None:
+        if self.file is not None:
+            self.file.close()  # closing the descriptor releases the flock
+            self.file = None
+        HELD.discard(self)
+
+    @property
+    def held(self) -> bool:
+        return self.file is not None
+
+
+def release_all() -> None:
+    """Drop every run lock this process holds: a fit called in-process (``resnorm_lm.cli.main``) that ended with an
+    error leaves none behind for the next call (a process that ends drops its locks anyway)."""
+    for lock in list(HELD):
+        lock.release()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The end of a training run: final validation, ``eval.json`` and the ``RESULT`` line.
+
+
+def finish_run(trainer: L.Trainer, model, datamodule, run: RunConfig, run_dir: Path, preempted: bool = False) -> dict:
+    """Validate the final weights (unless that step was just validated), then record and print the result.
+
+    After a SIGTERM the run only records where it stopped: the scheduler's grace period is short.
+    """
+    diverged = model.guard.diverged
+    if not preempted and getattr(model, "last_validated_step", None) != trainer.global_step:
+        trainer.validate(model, datamodule=datamodule, verbose=False)
+    # a preempted run was not validated at its last step: no stale validation numbers in its summary
+    metrics = {} if preempted else {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+    summary = {
+        "run": str(run_dir),
+        "recipe": run.recipe,
+        "profile": run.profile,
+        "step": trainer.global_step,
+        "finished": not preempted and (trainer.global_step >= trainer.max_steps or diverged is not None),
+        "preempted": preempted,
+        "val_loss": metrics.get("val/loss"),
+        "val_ppl": metrics.get("val/ppl"),
+        "val_bpb": metrics.get("val/bpb"),
+        "val_word_ppl": metrics.get("val/word_ppl"),
+        "val_targets": int(metrics.get("val/targets", 0)),
+        "tokens": model.tokens_seen
+        if model.tokens_seen is not None
+        else tokens_seen(trainer, datamodule.batch_size, datamodule.block_size),
+        "params": count_parameters(model),
+        "wall_s": round(model.train_seconds(), 1),
+        "diverged": diverged is not None or not math.isfinite(metrics.get("val/loss", 0.0)),
+        "diverged_at_step": diverged["step"] if diverged else None,
+        "diverged_reason": diverged["reason"] if diverged else None,
+        "skipped_steps": model.guard.skipped,
+        "clip": model.clips.summary(),  # how often clipping by norm bound; None: no clipping by norm counted
+    }
+    if trainer.is_global_zero:
+        write_json_atomic(RunDir(run_dir).summary_path, summary)
+        record_in_manifest(run_dir, summary)
+        if summary["diverged"]:
+            print(
+                f"resnorm-lm: DIVERGED at step {summary['diverged_at_step']}: {summary['diverged_reason']}; "
+                "the last good checkpoint is checkpoints/last.ckpt",
+                flush=True,
+            )
+        print(result_line(summary), flush=True)
+        if run.sample_tokens > 0 and not preempted:
+            print_sample(model, datamodule, run.sample_tokens)
+    return summary
+
+
+def record_in_manifest(run_dir: Path, summary: dict) -> None:
+    """The manifest says how the run ended too: finished, preempted or diverged (and why)."""
+    manifest = RunDir(run_dir).manifest()
+    keys = ("step", "finished", "preempted", "diverged", "diverged_at_step", "diverged_reason", "skipped_steps")
+    manifest["ended"] = {k: summary[k] for k in keys}
+    if manifest.get("segments"):
+        manifest["segments"][-1]["ended"] = manifest["ended"]
+    write_json_atomic(RunDir(run_dir).manifest_path, manifest)
+
+
+def print_sample(model, datamodule, n_tokens: int, seed: int = 0) -> None:
+    """A sample from the trained model, starting at an end-of-text token."""
+    generator = torch.Generator(device=model.device).manual_seed(seed)
+    pieces = stream_text(
+        model.model, datamodule.prepared.tokenizer, [datamodule.manifest.eot_id], n_tokens, generator=generator
+    )
+    print("SAMPLE (temperature 0.8, top-k 50):\n" + "".join(pieces), flush=True)
