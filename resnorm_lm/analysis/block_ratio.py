@@ -23,7 +23,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from resnorm_lm.analysis.plots import GRAD_NORMS, STREAM_RMS, layer_values, rows_with
+from resnorm_lm.train.diagnostics import GRAD_NORMS, STREAM_RMS
 from resnorm_lm.train.runs import RunDir
 
 METRICS = {"grad_norm": GRAD_NORMS, "stream_rms": STREAM_RMS}
@@ -48,9 +48,8 @@ class BlockRatio:
         if not RunDir(run_dir).metrics_path.is_file():
             raise ValueError(f"{run_dir}: no metrics.csv there; give run directories (runs/<recipe>/<run>)")
         ratios = []  # (step, last block's value / first block's)
-        for row in rows_with(run_dir, prefix):
-            values = layer_values(row, prefix)
-            ratios.append((int(row["step"]), values[-1] / max(values[0], TINY)))
+        for step, values in RunDir(run_dir).per_block(prefix):
+            ratios.append((step, values[-1] / max(values[0], TINY)))
         if not ratios:
             raise ValueError(f"{run_dir}: metrics.csv logs no per-block {metric} ({prefix}XX)")
         peak_step, peak = max(ratios, key=lambda r: r[1])

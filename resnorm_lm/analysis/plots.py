@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from resnorm_lm.analysis.layer_contribution import block_means, group_rows  # noqa: E402
+from resnorm_lm.train.diagnostics import GRAD_NORMS, STREAM_RMS, TRAIN_LOSS, TRAIN_SECONDS, VAL_LOSS  # noqa: E402
 from resnorm_lm.train.runs import RunDir  # noqa: E402
 
 
@@ -24,7 +25,7 @@ def series(rows: list[dict[str, float]], key: str) -> tuple[list[float], list[fl
 
 def time_at(rows: list[dict[str, float]], steps: list[float]) -> list[float]:
     """Training wall time at each step, interpolated from the logged time/train_s."""
-    known_steps, known_times = series(rows, "time/train_s")
+    known_steps, known_times = series(rows, TRAIN_SECONDS)
     if not known_steps:
         return []
     out = []
@@ -67,9 +68,9 @@ def plot_loss_curves(runs: dict[str, list[Path]], out_dir: Path) -> Path:
         for j, run_dir in enumerate(run_dirs):
             rows = RunDir(run_dir).metrics()
             label = recipe if j == 0 else None
-            for key, style in (("train/loss", dict(lw=0.8, alpha=0.6)), ("val/loss", dict(marker="o", ms=4, lw=1.5))):
+            for key, style in ((TRAIN_LOSS, dict(lw=0.8, alpha=0.6)), (VAL_LOSS, dict(marker="o", ms=4, lw=1.5))):
                 steps, losses = series(rows, key)
-                by_step.plot(steps, losses, color=color, label=label if key == "val/loss" else None, **style)
+                by_step.plot(steps, losses, color=color, label=label if key == VAL_LOSS else None, **style)
                 times = time_at(rows, steps)
                 if times:
                     by_time.plot(times, losses, color=color, **style)
@@ -84,25 +85,6 @@ def plot_loss_curves(runs: dict[str, list[Path]], out_dir: Path) -> Path:
     return save_figure(fig, (by_step, by_time), (by_step,), out_dir / "loss_curves.png")
 
 
-GRAD_NORMS = "grad_norm/layer_"  # metrics.csv: the gradient norm of each block's matrices, before clipping
-STREAM_RMS = "stream_rms/layer_"  # metrics.csv: the RMS of the residual stream leaving each block
-
-
-def layer_values(row: dict[str, float], prefix: str = GRAD_NORMS) -> list[float]:
-    """A logged row's per-block values of the metric ``prefix``, block 0 first (by index: right past 99 blocks)."""
-    return [row[k] for k in sorted((k for k in row if k.startswith(prefix)), key=block_index)]
-
-
-def block_index(column: str) -> int:
-    """``grad_norm/layer_07`` -> 7."""
-    return int(column.rsplit("_", 1)[1])
-
-
-def rows_with(run_dir: Path, prefix: str) -> list[dict[str, float]]:
-    """The rows of a run's metrics.csv that log the per-block metric ``prefix``."""
-    return [r for r in RunDir(run_dir).metrics() if any(k.startswith(prefix) for k in r)]
-
-
 def plot_grad_norms(runs: dict[str, list[Path]], out_dir: Path) -> Path:
     """Per-layer gradient norms at step 0 (the initialization) and late in training, one run per recipe."""
     titles = ("per-layer gradient norm at step 0 (initialization)", "per-layer gradient norm late in training")
@@ -112,7 +94,7 @@ def plot_grad_norms(runs: dict[str, list[Path]], out_dir: Path) -> Path:
 def plot_stream_rms(runs: dict[str, list[Path]], out_dir: Path) -> Path | None:
     """The residual stream's RMS after each block, at step 0 and at the last logged step, one run per recipe
     (None where no run logged it: runs from before it was recorded)."""
-    if not any(rows_with(run_dirs[0], STREAM_RMS) for run_dirs in runs.values()):
+    if not any(RunDir(run_dirs[0]).per_block(STREAM_RMS) for run_dirs in runs.values()):
         return None
     titles = ("residual stream RMS after each block, step 0", "the same at the last logged step")
     return plot_first_and_last(runs, STREAM_RMS, titles, "RMS", out_dir / "stream_rms.png")
@@ -125,18 +107,12 @@ def plot_first_and_last(
     fig, (early, late) = plt.subplots(1, 2, figsize=(12, 4.5), dpi=90, sharey=True)
     colors = recipe_colors(runs)
     for recipe, run_dirs in sorted(runs.items()):
-        rows = rows_with(run_dirs[0], prefix)
+        rows = RunDir(run_dirs[0]).per_block(prefix)
         if not rows:
             continue
-        first, last = rows[0], rows[-1]
-        early.plot(layer_values(first, prefix), marker="o", ms=3, color=colors[recipe], label=recipe)
-        late.plot(
-            layer_values(last, prefix),
-            marker="o",
-            ms=3,
-            color=colors[recipe],
-            label=f"{recipe} (step {last['step']:.0f})",
-        )
+        (_, first), (last_step, last) = rows[0], rows[-1]
+        early.plot(first, marker="o", ms=3, color=colors[recipe], label=recipe)
+        late.plot(last, marker="o", ms=3, color=colors[recipe], label=f"{recipe} (step {last_step})")
     early.set(title=titles[0], xlabel="block", ylabel=ylabel, yscale="log")
     late.set(title=titles[1], xlabel="block", yscale="log")
     return save_figure(fig, (early, late), (early, late), path)
@@ -436,7 +412,7 @@ def plot_depth_grad_norms(runs: dict[tuple[str, int], Path], out_dir: Path) -> P
 def plot_depth_stream_rms(runs: dict[tuple[str, int], Path], out_dir: Path) -> Path | None:
     """The residual stream's RMS after each block at each depth (LayerNorm Scaling's Fig. 1), laid out as
     ``plot_depth_grad_norms``; None where no run logged it."""
-    if not any(rows_with(run_dir, STREAM_RMS) for run_dir in runs.values()):
+    if not any(RunDir(run_dir).per_block(STREAM_RMS) for run_dir in runs.values()):
         return None
     return plot_depth_by_block(runs, STREAM_RMS, "residual stream RMS", out_dir / "depth_stream_rms.png")
 
@@ -448,12 +424,11 @@ def plot_depth_by_block(runs: dict[tuple[str, int], Path], prefix: str, ylabel: 
     fig, axes = plt.subplots(2, max(len(depths), 1), figsize=(4 * max(len(depths), 1), 7), dpi=90, squeeze=False)
     colors = recipe_colors(recipe for recipe, _ in runs)
     for (recipe, depth), run_dir in sorted(runs.items()):
-        rows = rows_with(run_dir, prefix)
+        rows = RunDir(run_dir).per_block(prefix)
         if not rows:
             continue
         col = depths.index(depth)
-        for ax, row in ((axes[0][col], rows[0]), (axes[1][col], rows[-1])):
-            values = layer_values(row, prefix)
+        for ax, (_, values) in ((axes[0][col], rows[0]), (axes[1][col], rows[-1])):
             ax.plot(range(len(values)), values, marker="o", ms=2, color=colors[recipe], label=recipe)
     for col, depth in enumerate(depths):
         axes[0][col].set(title=f"{depth} blocks: step 0 (initialization)", yscale="log", ylabel=ylabel)

@@ -8,6 +8,21 @@ from torch import nn
 
 from resnorm_lm.model.gpt import GPT
 
+# The columns of metrics.csv that the LightningModule logs (one name each, here; read back through RunDir)
+TRAIN_LOSS = "train/loss"
+VAL_LOSS = "val/loss"
+TRAIN_SECONDS = "time/train_s"  # training wall time so far, this run's segments together
+GRAD_NORM_TOTAL = "grad_norm/total"  # the global gradient norm, before clipping
+CLIP_BOUND = "clip/bound"  # 1 where this step's clip bound (torch's rule)
+CLIP_FRACTION = "clip/fraction"  # the fraction of the steps before this one whose clip bound
+GRAD_NORMS = "grad_norm/layer_"  # + the block's index (2 digits): the gradient norm of its matrices, before clipping
+STREAM_RMS = "stream_rms/layer_"  # + the block's index: the RMS of the residual stream leaving it
+
+
+def block_column(prefix: str, block: int) -> str:
+    """``block_column(GRAD_NORMS, 7)`` -> ``grad_norm/layer_07``: a per-block metric's column."""
+    return f"{prefix}{block:02d}"
+
 
 def per_layer_grad_norms(model: GPT) -> list[float]:
     """The L2 norm of the gradient of each block's weight matrices, block 0 (input side) first.

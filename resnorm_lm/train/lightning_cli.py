@@ -25,6 +25,7 @@ from resnorm_lm.train.callbacks import ContinuedCSVLogger, FinalCheckpoint, Good
 from resnorm_lm.train.checkpoint_io import AtomicCheckpointIO
 from resnorm_lm.train.config_checks import check_hardware, check_memory, check_trainer_numbers
 from resnorm_lm.train.cpu_attention import use_for_run
+from resnorm_lm.train.diagnostics import VAL_LOSS
 from resnorm_lm.train.lightning_module import LanguageModel
 from resnorm_lm.train.loaded_run import data_differences
 from resnorm_lm.train.precision import (
@@ -228,7 +229,7 @@ class ResnormCLI(LightningCLI):
             ModelCheckpoint(
                 dirpath=ckpt_dir,
                 filename="best",
-                monitor="val/loss",
+                monitor=VAL_LOSS,
                 mode="min",
                 save_top_k=1,
                 auto_insert_metric_name=False,

@@ -15,7 +15,19 @@ from torchmetrics import Metric
 from resnorm_lm.model.gpt import GPT, GPTConfig
 from resnorm_lm.targets import IGNORE_INDEX
 from resnorm_lm.train.callbacks import ends_optimizer_step
-from resnorm_lm.train.diagnostics import ClipRecord, StreamRMS, grad_norms
+from resnorm_lm.train.diagnostics import (
+    CLIP_BOUND,
+    CLIP_FRACTION,
+    GRAD_NORM_TOTAL,
+    GRAD_NORMS,
+    STREAM_RMS,
+    TRAIN_LOSS,
+    TRAIN_SECONDS,
+    ClipRecord,
+    StreamRMS,
+    block_column,
+    grad_norms,
+)
 from resnorm_lm.train.divergence import DivergenceConfig, DivergenceGuard, LossWindow, ReadVerdicts
 from resnorm_lm.train.optim import OptimConfig, build_optimizer
 from resnorm_lm.train.resume import arch_differences
@@ -144,7 +156,7 @@ class LanguageModel(L.LightningModule):
         # never None (Lightning refuses that under DDP): a bad step is skipped whole at its optimizer step
         if ends_optimizer_step(self.trainer, batch_idx):
             self._judge_step()  # before the last backward, so a host verdict waits for this forward pass only
-        self.log("train/loss", loss, on_step=True, prog_bar=True)
+        self.log(TRAIN_LOSS, loss, on_step=True, prog_bar=True)
         return loss
 
     def _judge_step(self) -> None:
@@ -183,17 +195,17 @@ class LanguageModel(L.LightningModule):
         if not self._logs_diagnostics():
             return
         total, per_layer = grad_norms(self.model)  # one host sync for all of them
-        metrics = {"grad_norm/total": total}  # before clipping
+        metrics = {GRAD_NORM_TOTAL: total}  # before clipping
         clip = trainer.gradient_clip_val
         if clip and trainer.gradient_clip_algorithm != "value":
-            metrics["clip/bound"] = float(total + 1e-6 > clip)  # this step's; torch's rule (clipping.py)
+            metrics[CLIP_BOUND] = float(total + 1e-6 > clip)  # this step's; torch's rule (clipping.py)
         if self.clips.counts is not None:
             steps, clipped = self.clips.counts  # the steps before this one
-            metrics["clip/fraction"] = clipped / steps
-        metrics.update({f"grad_norm/layer_{i:02d}": g for i, g in enumerate(per_layer)})
+            metrics[CLIP_FRACTION] = clipped / steps
+        metrics.update({block_column(GRAD_NORMS, i): g for i, g in enumerate(per_layer)})
         stream = self.stream_rms.take()  # this step's forward passes
         if stream:
-            metrics.update({f"stream_rms/layer_{i:02d}": r for i, r in enumerate(torch.stack(stream).tolist())})
+            metrics.update({block_column(STREAM_RMS, i): r for i, r in enumerate(torch.stack(stream).tolist())})
         self.log_dict(metrics, on_step=True, on_epoch=False)
 
     def configure_optimizers(self):
@@ -306,7 +318,7 @@ class LanguageModel(L.LightningModule):
 
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
         if self.trainer.global_step % max(self.trainer.log_every_n_steps, 1) == 0:
-            self.log("time/train_s", self.train_seconds(), on_step=True, on_epoch=False)
+            self.log(TRAIN_SECONDS, self.train_seconds(), on_step=True, on_epoch=False)
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -29,6 +29,7 @@ from resnorm_lm.errors import ResnormError
 from resnorm_lm.model.decoding import stream_text
 from resnorm_lm.model.gpt import count_parameters
 from resnorm_lm.train.checkpoint_io import CheckpointFileError, read_checkpoint_file
+from resnorm_lm.train.diagnostics import VAL_LOSS
 from resnorm_lm.train.hardware import cpu_features, native_bf16_flags
 from resnorm_lm.train.precision import PrecisionChoice
 
@@ -157,6 +158,16 @@ class RunDir:
         """What a run keeps in git: its config, manifest, summary and metrics (never a checkpoint)."""
         names = (self.config_path, self.path / "hparams.yaml", self.manifest_path, self.summary_path, self.metrics_path)
         return [p for p in names if p.is_file()]
+
+    def per_block(self, prefix: str) -> list[tuple[int, list[float]]]:
+        """``(step, values)`` for every logged row of a per-block metric (``GRAD_NORMS``, ``STREAM_RMS`` of
+        resnorm_lm/train/diagnostics.py), block 0 first (by index: right past 99 blocks)."""
+        out = []
+        for row in self.metrics():
+            columns = sorted((k for k in row if k.startswith(prefix)), key=lambda k: int(k[len(prefix) :]))
+            if columns:
+                out.append((int(row.get("step", 0)), [row[k] for k in columns]))
+        return out
 
     def checkpoints(self) -> list[Path]:
         return sorted(self.checkpoints_dir.glob("*.ckpt"))
@@ -504,7 +515,7 @@ def finish_run(trainer: L.Trainer, model, datamodule, run: RunConfig, run_dir: P
         "step": trainer.global_step,
         "finished": not preempted and (trainer.global_step >= trainer.max_steps or diverged is not None),
         "preempted": preempted,
-        "val_loss": metrics.get("val/loss"),
+        "val_loss": metrics.get(VAL_LOSS),
         "val_ppl": metrics.get("val/ppl"),
         "val_bpb": metrics.get("val/bpb"),
         "val_word_ppl": metrics.get("val/word_ppl"),
@@ -514,7 +525,7 @@ def finish_run(trainer: L.Trainer, model, datamodule, run: RunConfig, run_dir: P
         else tokens_seen(trainer, datamodule.batch_size, datamodule.block_size),
         "params": count_parameters(model),
         "wall_s": round(model.train_seconds(), 1),
-        "diverged": diverged is not None or not math.isfinite(metrics.get("val/loss", 0.0)),
+        "diverged": diverged is not None or not math.isfinite(metrics.get(VAL_LOSS, 0.0)),
         "diverged_at_step": diverged["step"] if diverged else None,
         "diverged_reason": diverged["reason"] if diverged else None,
         "skipped_steps": model.guard.skipped,
