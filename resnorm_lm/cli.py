@@ -15,7 +15,7 @@ import os
 import sys
 import warnings
 
-from resnorm_lm.analysis.running_fits import stop_with_compare
+from resnorm_lm.analysis.fit_processes import stop_with_compare
 from resnorm_lm.errors import ResnormError
 from resnorm_lm.train.checkpoint_io import CheckpointWriteError
 from resnorm_lm.train.lightning_cli import ResnormCLI, check_checkpoint_argument

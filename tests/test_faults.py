@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import csv
 import json
 import math
 import os
@@ -16,9 +17,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from resnorm_lm.analysis.report import markdown_report
-from resnorm_lm.analysis.sweep import RunOutcome, RunSpec, Setting, select
-from resnorm_lm.analysis.tables import grid_rows, recipe_row
+from resnorm_lm.analysis.compare_report import markdown_report
+from resnorm_lm.analysis.sweep import RunOutcome, RunSpec, Setting, grid_rows, recipe_row, select
 from resnorm_lm.cli import main
 from resnorm_lm.train.checkpoint_io import AtomicCheckpointIO
 from resnorm_lm.train.divergence import DivergenceConfig, DivergenceGuard, LossWindow
@@ -104,7 +104,7 @@ def test_sigkill_at_any_point_then_resume_last_matches_an_uninterrupted_run(base
 
 def validated_steps(run_dir: Path) -> list[int]:
     with (run_dir / "metrics.csv").open() as f:
-        return [int(row["step"]) for row in __import__("csv").DictReader(f) if row.get("val/loss")]
+        return [int(row["step"]) for row in csv.DictReader(f) if row.get("val/loss")]
 
 
 @contextlib.contextmanager

@@ -136,4 +136,10 @@ def test_the_throughput_monitor_still_keeps_the_counts_the_sparse_monitor_adds_t
         assert counts.get(RunningStage.TRAINING) == BATCHES * per_batch, moved(
             f"ThroughputMonitor.{name} (a count per stage)", "resnorm_lm/train/callbacks.py"
         )
-    assert issubclass(SparseThroughputMonitor, ThroughputMonitor)
+    # the sparse monitor, on its path of a device that it syncs only on logging steps (made to think it is on
+    # one), counts the same samples, batches and lengths into those dicts
+    sparse = SparseThroughputMonitor(batch_size_fn=lambda b: b[0].size(0), length_fn=lambda b: b[0].numel())
+    sparse.syncs_device = lambda trainer: True
+    fit(Recorder(), loader, accumulate=1, callbacks=[sparse], max_epochs=1)
+    for name, per_batch in (("_samples", BATCH), ("_batches", 1), ("_lengths", BATCH * 4)):
+        assert getattr(sparse, name).get(RunningStage.TRAINING) == BATCHES * per_batch, name

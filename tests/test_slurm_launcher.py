@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 
 from resnorm_lm.analysis import compare
-from resnorm_lm.analysis.slurm_options import SlurmOptions
+from resnorm_lm.analysis.slurm_jobs import TRAIN_SBATCH, SlurmError, SlurmOptions, SlurmQueue, SlurmSweepTrainer
 from resnorm_lm.analysis.sweep import RunSpec, Setting, expand_grid, grid_settings
-from resnorm_lm.analysis.sweep_slurm import TRAIN_SBATCH, SlurmError, SlurmQueue, SlurmSweepTrainer
 from resnorm_lm.train.runs import REPO_ROOT
 
 EXTRA = ["--trainer.max_steps=4", "--model.arch.dropout=0.1"]

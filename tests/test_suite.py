@@ -13,8 +13,7 @@ import pytest
 import yaml
 
 from resnorm_lm.analysis.provenance import ProvenanceError, table_provenance
-from resnorm_lm.analysis.suite_designs import SeedPilot, TunedBudget
-from resnorm_lm.analysis.suite_file import SuiteError, available_suites, load
+from resnorm_lm.analysis.suite import SeedPilot, SuiteError, TunedBudget, available_suites, load
 from resnorm_lm.analysis.suite_report import TunedReport
 from resnorm_lm.analysis.sweep import RunOutcome, RunSpec, Setting
 from tests.smoke import run_cli_captured, write_learnable_corpus
@@ -49,7 +48,7 @@ def suite_file(tmp_path: Path, **changes) -> Path:
 @pytest.fixture
 def recipes(monkeypatch, tmp_path):
     """Two recipes named a-12l and b-12l (the repository's prenorm and postnorm), wherever a suite looks."""
-    from resnorm_lm.analysis import suite_file
+    from resnorm_lm.analysis import suite as suite_file
 
     real = suite_file.recipe_path
     names = {"a-12l": "prenorm-12l", "b-12l": "postnorm-12l"}

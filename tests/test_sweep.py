@@ -145,8 +145,7 @@ class ScriptedTrainer:
 def test_the_sweep_runs_until_the_pick_has_every_seed_and_a_short_pick_is_flagged(tmp_path):
     """Extra seeds are worse everywhere, so each round's pick falls back behind a one-seed setting: the pick
     moves once per grid setting, more rounds than a fixed cap allowed (it ended on a one-seed pick)."""
-    from resnorm_lm.analysis.sweep_rounds import run_sweep
-    from resnorm_lm.analysis.tables import recipe_row
+    from resnorm_lm.analysis.sweep import recipe_row, run_sweep
 
     lrs = [1e-3, 2e-3, 3e-3, 4e-3, 5e-3, 6e-3]
     trainer = ScriptedTrainer(tmp_path, "smoke", lambda lr, seed: 1.0 + lr * 10 + (1.0 if seed > 1 else 0.0))
@@ -179,8 +178,8 @@ def test_the_sweep_runs_until_the_pick_has_every_seed_and_a_short_pick_is_flagge
 def test_a_table_row_only_reads_and_the_picks_are_tested_before(tmp_path, monkeypatch):
     """Building a row measures nothing, even where a checkpoint is there to measure: the test split is evaluated
     at the picks, and only there, before the rows are built (``ensure_picks_tested``)."""
-    from resnorm_lm.analysis import eval_records
-    from resnorm_lm.analysis.tables import recipe_row
+    from resnorm_lm.analysis import sweep as eval_records
+    from resnorm_lm.analysis.sweep import recipe_row
 
     calls = []
     monkeypatch.setattr(eval_records, "evaluate_paths", lambda paths, splits, **kw: calls.append((paths, splits)))
@@ -383,8 +382,8 @@ def test_a_stopped_compare_saves_its_runs_at_a_step_and_starts_no_other(tmp_path
 def test_parallel_compare_prepares_the_data_once_before_the_jobs_start(tmp_path, monkeypatch, capsys):
     """JOBS=2 on a cold cache: the data the runs resolve to (profile, recipe and --train-args) is prepared
     in compare itself, once, before any job starts, so the jobs do not all build it at once."""
-    from resnorm_lm.analysis import sweep_runner
-    from resnorm_lm.analysis.running_fits import RunningFits
+    from resnorm_lm.analysis import fit_processes as sweep_runner
+    from resnorm_lm.analysis.fit_processes import RunningFits
     from resnorm_lm.data import datamodule
 
     corpus, cache = write_learnable_corpus(tmp_path / "corpus", n_files=6, words_per_file=100), tmp_path / "cache"
@@ -439,7 +438,7 @@ def test_the_data_compare_prepares_is_the_data_print_config_resolves(
 ):
     """compare prepares its jobs' data from ``data_settings``, which reads the fit command's config files and
     --data options without building the CLI: the real CLI's --print_config is the reference."""
-    from resnorm_lm.analysis.data_settings import data_settings
+    from resnorm_lm.analysis.fit_processes import data_settings
 
     config = tmp_path / "extra.yaml"  # a later --config: its data section wins over the profile's, then --data.seed
     config.write_text(yaml.safe_dump({"data": {"seed": 5, "block_size": 48}, "trainer": {"max_steps": 4}}))

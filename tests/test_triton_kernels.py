@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
@@ -172,7 +173,7 @@ def test_kernel_benchmark_smoke_under_the_interpreter():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    env = {**__import__("os").environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run(
         [sys.executable, "benchmarks/bench_kernels.py"], cwd=root, env=env, capture_output=True, text=True, timeout=120
     )

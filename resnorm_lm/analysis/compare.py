@@ -20,8 +20,8 @@ recipe and setting), lr_sensitivity.png, loss_curves.png and grad_norms.png (at 
 Runs whose validation loss stays within 0.1 nats of the unigram reference are flagged "not learning",
 apart from "diverged".
 
-With ``--launcher slurm`` each run is a SLURM job (``sweep_slurm.py``; its options, from the site's config file
-and ``--slurm-*``, in ``slurm_options.py``): compare submits them, shows their progress, waits and writes the
+With ``--launcher slurm`` each run is a SLURM job (``slurm_jobs.py``; its options from the site's config file
+and ``--slurm-*``): compare submits them, shows their progress, waits and writes the
 same tables. Started again after an interruption, it submits only the runs that are neither finished nor queued
 or running. docs/cluster.md walks through it.
 
@@ -40,18 +40,28 @@ import sys
 import time
 from pathlib import Path
 
-from resnorm_lm.analysis.depth_report import write_depth_results
-from resnorm_lm.analysis.eval_records import ensure_picks_tested, unigram_reference
+from resnorm_lm.analysis.compare_report import (
+    hardware_of,
+    markdown_report,
+    plot_comparison,
+    write_depth_results,
+    write_report,
+)
 from resnorm_lm.analysis.evaluate import PRECISIONS, RUN
+from resnorm_lm.analysis.fit_processes import SweepTrainer
 from resnorm_lm.analysis.layer_contribution import DEFAULT_TOKENS
 from resnorm_lm.analysis.provenance import ProvenanceError, table_provenance
-from resnorm_lm.analysis.report import hardware_of, markdown_report, plot_comparison, write_report
-from resnorm_lm.analysis.slurm_options import CONFIG_ENV, SlurmOptions
-from resnorm_lm.analysis.sweep_rounds import run_sweep
-from resnorm_lm.analysis.sweep_runner import SweepTrainer
-from resnorm_lm.analysis.sweep_slurm import SlurmError, SlurmSweepTrainer
-from resnorm_lm.analysis.tables import depth_sort_key, grid_rows, recipe_row, sort_key
-from resnorm_lm.analysis.tuned_overlays import write_tuned_overlays
+from resnorm_lm.analysis.slurm_jobs import CONFIG_ENV, SlurmError, SlurmOptions, SlurmSweepTrainer
+from resnorm_lm.analysis.sweep import (
+    depth_sort_key,
+    ensure_picks_tested,
+    grid_rows,
+    recipe_row,
+    run_sweep,
+    sort_key,
+    unigram_reference,
+    write_tuned_overlays,
+)
 from resnorm_lm.train.loaded_run import CheckpointError
 from resnorm_lm.train.precision import PrecisionError
 from resnorm_lm.train.recipes import RecipeError, recipe_depth, recipe_path, resolve_profile

@@ -21,7 +21,7 @@ import torch
 from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT_STR
 from lightning.pytorch.utilities import rank_zero_only
 
-from resnorm_lm.analysis.layer_contribution import group_rows
+from resnorm_lm.analysis.intervals import group_rows
 from resnorm_lm.data.cache import write_csv_atomic, write_json_atomic
 from resnorm_lm.model.gpt import count_parameters
 from resnorm_lm.train.loaded_run import CheckpointError, LoadedRun, load_run

@@ -7,6 +7,9 @@ pair by seed: the interval of their mean difference uses the spread of the diffe
 smaller than either recipe's own. A failure rate (k stuck or diverged of n) gets Wilson's score interval, which
 stays inside [0, 1] and is sound at k = 0 or k = n.
 
+And the two helpers every table of results uses: grouping rows by some of their values, and a mean printed with
+its spread.
+
 Student's t quantile is computed here (the regularized incomplete beta function by its continued fraction, then
 bisection) rather than taken from scipy, which the GPU image the suites also run on does not have.
 """
@@ -159,3 +162,17 @@ def groups(names: Sequence[str], separated: Callable[[str, str], bool]) -> dict[
 
 def _letter(index: int) -> str:
     return "abcdefghijklmnopqrstuvwxyz"[index] if index < 26 else f"[{index}]"
+
+
+def group_rows(rows: list[dict], keys: tuple[str, ...]) -> dict[tuple, list[dict]]:
+    """``rows`` grouped by the values of ``keys``, in order of first appearance."""
+    out: dict[tuple, list[dict]] = {}
+    for row in rows:
+        out.setdefault(tuple(row[k] for k in keys), []).append(row)
+    return out
+
+
+def num(mean: float | None, std: float | None, digits: int = 3) -> str:
+    if mean is None:
+        return "-"
+    return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std else "")

@@ -170,14 +170,6 @@ def run_contribution(run_dir: Path, n_tokens: int = DEFAULT_TOKENS) -> dict | No
     return record
 
 
-def group_rows(rows: list[dict], keys: tuple[str, ...]) -> dict[tuple, list[dict]]:
-    """``rows`` grouped by the values of ``keys``, in order of first appearance."""
-    out: dict[tuple, list[dict]] = {}
-    for row in rows:
-        out.setdefault(tuple(row[k] for k in keys), []).append(row)
-    return out
-
-
 def block_means(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
     """The blocks of one (recipe, depth)'s layer_contribution rows, and ``key``'s mean over seeds at each."""
     layers = sorted({r["layer"] for r in rows})

@@ -3,37 +3,48 @@ read by ``suite_file.py``) and render its tables.
 
     resnorm-lm suite placements-12l [--jobs 2] [--root runs/suites/placements-12l] [--no-train]
 
-It trains what the suite's design wants and is missing (``suite_designs.py``), one run per core by default (each
-run computes on one thread in the portable arithmetic), resumes runs that were interrupted and never trains a
-finished run twice; stopped (Ctrl-C, SIGTERM), its runs save at the end of their step and the same command goes on.
-Then it evaluates the test split where a table reports it, checks that the runs share one arithmetic
+It trains what the suite's design wants and is missing (``TunedBudget``, ``SeedPilot`` below), one run per core by
+default (each run computes on one thread in the portable arithmetic), resumes runs that were interrupted and never
+trains a finished run twice; stopped (Ctrl-C, SIGTERM), its runs save at the end of their step and the same command
+goes on. Then it evaluates the test split where a table reports it, checks that the runs share one arithmetic
 (``provenance.py``; ``--mix-provenance`` renders a mixed table with its rows marked), and writes
 ``results/suites/<name>/``: ``<name>.md`` (partial ones say so), CSVs and figures.
-"""
+
+Here too: the suite file (``load``), the designs (``TunedBudget``, ``SeedPilot``) and the training of their plan
+(``train_suite``); the tables and figures are ``suite_report.py``'s."""
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import subprocess
 import sys
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from resnorm_lm.analysis.eval_records import unigram_reference
+from resnorm_lm.analysis.fit_processes import SweepTrainer
 from resnorm_lm.analysis.provenance import ProvenanceError, table_provenance
-from resnorm_lm.analysis.suite_designs import SUITE_DESIGNS, SeedPilot, TunedBudget
-from resnorm_lm.analysis.suite_file import SuiteError, available_suites, load
-from resnorm_lm.analysis.suite_plots import plot_lr_panels, plot_paired_differences, plot_seed_spread
 from resnorm_lm.analysis.suite_report import (
     PilotReport,
     TunedReport,
     pilot_markdown,
+    plot_lr_panels,
+    plot_paired_differences,
+    plot_seed_spread,
     tuned_markdown,
     write_tables,
 )
-from resnorm_lm.analysis.suite_runner import evaluate_test, settle, train_suite
+from resnorm_lm.analysis.sweep import RunOutcome, RunSpec, Setting, evaluated, unigram_reference
 from resnorm_lm.data.cache import atomic_write
-from resnorm_lm.train.runs import RunDir
+from resnorm_lm.errors import ResnormError
+from resnorm_lm.registry import Registry
+from resnorm_lm.train.arithmetic import PORTABLE_ENV
+from resnorm_lm.train.recipes import RECIPES_DIR, RecipeError, available_profiles, recipe_path
+from resnorm_lm.train.runs import RunDir, working_root
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -151,3 +162,505 @@ def export_runs(run_dirs: list[Path], root: Path, dest: Path) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A suite file: a pre-registered comparison, written before any of its runs (``recipes/suites/<name>.yaml``).
+#
+# The file names everything a result depends on, so that nothing is chosen after the runs are seen: the recipes and
+# the reference they are compared with, the profile, what every run trains with (horizon, precision, clip,
+# schedule: LightningCLI overrides), the arithmetic (``portable``: the same numbers on every CPU kind, shown by the
+# runs' fingerprints) and the design:
+#
+# * ``tuned`` (``TunedBudget``): the same budget algorithm for every recipe, a fixed number of runs at
+#   most, fresh seeds at each recipe's pick;
+# * ``seeds`` (``SeedPilot``): fixed settings, seeds that vary the init, the data order or both, to
+#   measure how much of the spread each source is and what pairing by seed buys.
+#
+# ``make suite SUITE=<name>`` (``suite.py``) trains what is missing and renders the tables.
+
+SUITES_DIR = RECIPES_DIR / "suites"
+ARITHMETICS = ("portable", "native")  # portable: arithmetic.PORTABLE_ENV for every run; native: this machine's own
+KEYS = {
+    "about": "one line: the question the suite answers",
+    "design": "tuned (the budget algorithm) or seeds (the seed pilot)",
+    "profile": "the profile every run trains at (recipes/profiles/)",
+    "recipes": "the recipes compared, a list",
+    "reference": "the recipe the others' paired differences are taken from",
+    "train": "LightningCLI overrides every run trains with, as `key: value` (trainer.max_steps: 500, ...)",
+    "arithmetic": "portable (the default) or native",
+    "budget": "the tuned design's grid, extensions and seeds",
+    "pilot": "the seeds design's settings and seeds",
+}
+
+
+class SuiteError(ResnormError, ValueError):
+    """A suite file that is missing, malformed, or names something that does not exist."""
+
+
+def available_suites(root: Path = SUITES_DIR) -> list[str]:
+    return sorted(p.stem for p in root.glob("*.yaml"))
+
+
+def suite_path(name: str, root: Path = SUITES_DIR) -> Path:
+    """``recipes/suites/<name>.yaml``, or a path to a suite file."""
+    path = Path(name)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        return path
+    path = root / f"{name}.yaml"
+    if not path.is_file():
+        raise SuiteError(f"unknown suite {name!r}; available suites: {', '.join(available_suites(root)) or 'none'}")
+    return path
+
+
+@dataclass
+class Suite:
+    """A suite file, read and checked (``load``)."""
+
+    name: str
+    path: Path
+    about: str
+    design: str
+    profile: str
+    recipes: list[str]
+    reference: str
+    train: dict[str, Any]
+    arithmetic: str = "portable"
+    sections: dict[str, Any] = field(default_factory=dict)  # the design's own section (budget: or pilot:)
+
+    def train_args(self) -> list[str]:
+        """The ``fit`` overrides of every run: the file's ``train`` section."""
+        return [f"--{key}={format_value(value)}" for key, value in self.train.items()]
+
+    @property
+    def max_steps(self) -> int | None:
+        steps = self.train.get("trainer.max_steps")
+        return int(steps) if steps is not None else None
+
+
+def format_value(value: Any) -> str:
+    """A value as the command line takes it: YAML's flow style for lists and mappings."""
+    if isinstance(value, (list, dict)):
+        import yaml
+
+        return yaml.safe_dump(value, default_flow_style=True, width=1 << 16).strip()
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def load(name: str, root: Path = SUITES_DIR) -> Suite:
+    """Read and check a suite file (``yaml.safe_load``: data, never code); every mistake said with what to write."""
+    import yaml
+
+    path = suite_path(name, root)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise SuiteError(f"{path}: not valid YAML: {err}") from None
+    if not isinstance(raw, dict):
+        raise SuiteError(f"{path}: a suite file is a mapping of {', '.join(KEYS)}")
+    unknown = sorted(set(raw) - set(KEYS))
+    if unknown:
+        raise SuiteError(
+            f"{path}: unknown key(s) {', '.join(unknown)}; a suite file has: "
+            + "; ".join(f"{k} ({what})" for k, what in KEYS.items())
+        )
+    for key in ("design", "profile", "recipes", "reference", "train"):
+        if key not in raw:
+            raise SuiteError(f"{path}: `{key}` is missing: {KEYS[key]}")
+    try:
+        design = SUITE_DESIGNS.get(raw["design"])
+    except ValueError as err:
+        raise SuiteError(f"{path}: design: {err}") from None
+    recipes = raw["recipes"]
+    if not isinstance(recipes, list) or not recipes or not all(isinstance(r, str) for r in recipes):
+        raise SuiteError(f"{path}: recipes: a list of recipe names, e.g. [prenorm-12l, postnorm-12l]")
+    if len(set(recipes)) != len(recipes):
+        raise SuiteError(f"{path}: recipes: {', '.join(r for r in recipes if recipes.count(r) > 1)} named twice")
+    try:
+        for recipe in recipes:
+            recipe_path(recipe)
+    except RecipeError as err:
+        raise SuiteError(f"{path}: recipes: {err}") from None
+    if raw["reference"] not in recipes:
+        raise SuiteError(f"{path}: reference {raw['reference']!r} is not one of its recipes ({', '.join(recipes)})")
+    if raw["profile"] not in available_profiles():
+        raise SuiteError(f"{path}: unknown profile {raw['profile']!r}; available: {', '.join(available_profiles())}")
+    train = raw["train"]
+    if not isinstance(train, dict) or not all(isinstance(k, str) and "." in k for k in train):
+        raise SuiteError(f"{path}: train: a mapping of LightningCLI keys to values, e.g. trainer.max_steps: 500")
+    steered = [k for k in train if k in ("model.optim.lr", "model.optim.warmup_fraction", "seed_everything")]
+    if steered:
+        raise SuiteError(f"{path}: train: {', '.join(steered)} is set by the design for each run, not for all")
+    arithmetic = raw.get("arithmetic", "portable")
+    if arithmetic not in ARITHMETICS:
+        raise SuiteError(f"{path}: arithmetic {arithmetic!r}: one of {', '.join(ARITHMETICS)}")
+    reference = raw["reference"]
+    ordered = [reference, *[r for r in recipes if r != reference]]  # the reference trains first: pairs need it
+    suite = Suite(
+        name=path.stem,
+        path=path,
+        about=str(raw.get("about") or ""),
+        design=raw["design"],
+        profile=raw["profile"],
+        recipes=ordered,
+        reference=reference,
+        train=dict(train),
+        arithmetic=arithmetic,
+        sections={k: raw[k] for k in ("budget", "pilot") if k in raw},
+    )
+    design.check(suite)
+    return suite
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The designs a suite can have: which runs it trains, decided only from the runs already finished.
+#
+# A design's ``plan`` is a pure function of the suite file and the outcomes of finished runs: it lists every run
+# the suite wants so far, in the order to train them, and adds a run only once what decides it has finished. The
+# runner (``train_suite`` below) trains what the plan lists and is not finished, then asks again, so an interrupted
+# suite picks up where it was and a finished run is never trained twice.
+#
+# ``tuned``: the budget algorithm, the same for every recipe (``budget:`` in the file):
+#
+# 1. the grid, every LR x every warmup fraction, at the selection seed;
+# 2. while the best setting sits at the edge of the LRs run at its warmup, one more LR beyond that edge (the
+#    grid's own factor), at most ``extensions`` times;
+# 3. the pick (the best at the selection seed) with every fresh seed, the runner-up with ``runner_up_seeds``.
+#
+# The selection seed chooses and is never reported (no winner's curse): the table's numbers are the fresh seeds'.
+# A run's score is its final validation loss; a diverged run scores infinity; the test split is never looked at. So
+# every recipe gets at most ``len(lrs) * len(warmups) + extensions + len(seeds) + len(runner_up_seeds)`` runs, and
+# spends fewer only when its pick lies inside the grid.
+#
+# ``seeds``: the seed pilot (``pilot:`` in the file): each recipe at one fixed setting, over seeds k where seed k
+# sets both the init and the data order, seeds where only the init varies (the data order fixed at
+# ``fixed_seed``) and seeds where only the data order varies (the init fixed at ``fixed_seed``).
+
+SUITE_DESIGNS: Registry[type[Design]] = Registry("suite design")
+TUNED_KEYS = ("lrs", "warmups", "selection_seed", "extensions", "seeds", "runner_up_seeds", "lr_tolerance")
+PILOT_KEYS = ("settings", "seeds", "fixed_seed")
+
+
+def score(outcome: RunOutcome | None) -> float:
+    """What a run scores in a selection: its validation loss; infinity for a diverged run (or none)."""
+    if outcome is None or outcome.diverged or outcome.val_loss is None or not math.isfinite(outcome.val_loss):
+        return math.inf
+    return outcome.val_loss
+
+
+def _numbers(section: dict, key: str, where: str, kind=float, positive: bool = True) -> list:
+    values = section.get(key)
+    if not isinstance(values, list) or not values:
+        raise ValueError(f"{where}.{key}: a non-empty list")
+    try:
+        values = [kind(v) for v in values]
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}.{key}: numbers, got {section[key]!r}") from None
+    if positive and not all(v > 0 for v in values):
+        raise ValueError(f"{where}.{key}: every value must be > 0, got {section[key]!r}")
+    if len(set(values)) != len(values):
+        raise ValueError(f"{where}.{key}: a value is listed twice: {section[key]!r}")
+    return values
+
+
+class Design:
+    """A suite's design: ``check`` its section of the file, ``plan`` its runs."""
+
+    section: str  # its section of the suite file
+    keys: tuple[str, ...]  # the keys that section may have
+
+    def __init__(self, suite) -> None:
+        self.suite = suite
+
+    def own_section(self) -> dict:
+        """The design's section of the suite file, its keys checked."""
+        found = self.suite.sections.get(self.section)
+        if not isinstance(found, dict):
+            raise ValueError(
+                f"design {self.suite.design} needs a `{self.section}:` section with {', '.join(self.keys)}"
+            )
+        unknown = sorted(set(found) - set(self.keys))
+        if unknown:
+            raise ValueError(f"{self.section}: unknown key(s) {', '.join(unknown)}; valid: {', '.join(self.keys)}")
+        return found
+
+    @classmethod
+    def check(cls, suite) -> None:
+        try:
+            cls(suite)
+        except ValueError as err:
+            raise _suite_error(suite, str(err)) from None
+
+    def plan(self, outcomes: dict[RunSpec, RunOutcome]) -> list[RunSpec]:
+        raise NotImplementedError
+
+
+def _suite_error(suite, message: str) -> ValueError:
+    return SuiteError(f"{suite.path}: {message}")
+
+
+@dataclass
+class Selection:
+    """One recipe's tuning so far: the settings run at the selection seed, the pick and the runner-up."""
+
+    recipe: str
+    scores: dict[Setting, float] = field(default_factory=dict)  # every setting run at the selection seed
+    extensions: list[Setting] = field(default_factory=list)
+    pick: Setting | None = None
+    runner_up: Setting | None = None
+    lr_edge: str | None = None  # "lowest" or "highest": the pick is still at that edge after every extension
+    complete: bool = False  # grid and extensions finished: the pick is final
+
+
+@SUITE_DESIGNS.register("tuned")
+class TunedBudget(Design):
+    """The budget algorithm (see the module's docstring)."""
+
+    section, keys = "budget", TUNED_KEYS
+
+    def __init__(self, suite) -> None:
+        super().__init__(suite)
+        budget = self.own_section()
+        self.lrs = sorted(_numbers(budget, "lrs", "budget"))
+        if len(self.lrs) < 3:
+            raise ValueError("budget.lrs: at least three learning rates, so that a pick can lie inside the grid")
+        self.warmups = sorted(_numbers(budget, "warmups", "budget", positive=False))
+        if not all(0 <= w < 1 for w in self.warmups):
+            raise ValueError(f"budget.warmups: fractions of the run in [0, 1), got {budget['warmups']!r}")
+        self.selection_seed = int(budget.get("selection_seed", 0))
+        self.extensions = int(budget.get("extensions", 2))
+        self.seeds = _numbers(budget, "seeds", "budget", kind=int, positive=False)
+        self.runner_up_seeds = _numbers(budget, "runner_up_seeds", "budget", kind=int, positive=False)
+        if self.selection_seed in self.seeds or self.selection_seed in self.runner_up_seeds:
+            raise ValueError(
+                f"budget: the selection seed {self.selection_seed} must not be one of the fresh seeds: "
+                "the seed that chooses a setting is never the one that reports it"
+            )
+        if not set(self.runner_up_seeds) <= set(self.seeds):
+            raise ValueError("budget.runner_up_seeds: a subset of budget.seeds, so that pick and runner-up pair")
+        if self.extensions < 0:
+            raise ValueError(f"budget.extensions: a count >= 0, got {self.extensions}")
+        self.lr_tolerance = float(budget.get("lr_tolerance", 0.05))
+
+    @property
+    def max_runs(self) -> int:
+        """The most runs any recipe gets."""
+        return len(self.lrs) * len(self.warmups) + self.extensions + len(self.seeds) + len(self.runner_up_seeds)
+
+    def grid(self) -> list[Setting]:
+        return [Setting(lr, warmup) for warmup in self.warmups for lr in self.lrs]
+
+    def select(self, recipe: str, outcomes: dict[RunSpec, RunOutcome]) -> tuple[Selection, list[RunSpec]]:
+        """The recipe's selection from the finished runs, and the selection-seed runs it wants so far."""
+        sel = Selection(recipe)
+        wanted = [RunSpec(recipe, s, self.selection_seed) for s in self.grid()]
+        if any(spec not in outcomes for spec in wanted):
+            return sel, wanted
+        run = {spec.setting: score(outcomes[spec]) for spec in wanted}
+        while True:
+            ranked = sorted(run, key=lambda s: (run[s], s.lr, s.warmup))
+            best = ranked[0]
+            row = sorted(s.lr for s in run if s.warmup == best.warmup)
+            edge = "highest" if best.lr == row[-1] else "lowest" if best.lr == row[0] else None
+            if math.isinf(run[best]):
+                edge = None  # nothing trained anywhere: no direction to extend in
+            if edge is None or len(sel.extensions) >= self.extensions:
+                break
+            beyond = row[-1] * row[-1] / row[-2] if edge == "highest" else row[0] * row[0] / row[1]
+            extension = Setting(float(f"{beyond:.6g}"), best.warmup)
+            sel.extensions.append(extension)
+            spec = RunSpec(recipe, extension, self.selection_seed)
+            wanted.append(spec)
+            if spec not in outcomes:
+                sel.scores = dict(run)
+                return sel, wanted
+            run[extension] = score(outcomes[spec])
+        sel.scores, sel.lr_edge, sel.complete = run, edge, True
+        sel.pick = best if math.isfinite(run[best]) else None
+        finite = [s for s in ranked[1:] if math.isfinite(run[s])]
+        sel.runner_up = finite[0] if sel.pick and finite else None
+        return sel, wanted
+
+    def plan(self, outcomes: dict[RunSpec, RunOutcome]) -> list[RunSpec]:
+        wanted: list[RunSpec] = []
+        for recipe in self.suite.recipes:
+            sel, tuning = self.select(recipe, outcomes)
+            wanted += tuning
+            if sel.pick is not None:
+                wanted += [RunSpec(recipe, sel.pick, k) for k in self.seeds]
+                if sel.runner_up is not None:
+                    wanted += [RunSpec(recipe, sel.runner_up, k) for k in self.runner_up_seeds]
+        return wanted
+
+
+@SUITE_DESIGNS.register("seeds")
+class SeedPilot(Design):
+    """The seed pilot (see the module's docstring): three groups of runs per recipe at its fixed setting."""
+
+    section, keys = "pilot", PILOT_KEYS
+    GROUPS = ("both", "init", "data")  # what varies with the seed: both, the init only, the data order only
+
+    def __init__(self, suite) -> None:
+        super().__init__(suite)
+        pilot = self.own_section()
+        settings = pilot.get("settings")
+        if not isinstance(settings, dict) or set(settings) != set(suite.recipes):
+            raise ValueError("pilot.settings: one `recipe: {lr: ..., warmup: ...}` for each of the suite's recipes")
+        self.settings = {}
+        for recipe, s in settings.items():
+            if not isinstance(s, dict) or set(s) != {"lr", "warmup"}:
+                raise ValueError(f"pilot.settings.{recipe}: {{lr: <peak LR>, warmup: <fraction of the run>}}")
+            self.settings[recipe] = Setting(float(s["lr"]), float(s["warmup"]))
+        self.seeds = _numbers(pilot, "seeds", "pilot", kind=int, positive=False)
+        self.fixed_seed = int(pilot.get("fixed_seed", self.seeds[0]))
+        if self.fixed_seed not in self.seeds:
+            raise ValueError(f"pilot.fixed_seed {self.fixed_seed}: one of pilot.seeds, so that the groups share it")
+
+    def cells(self, recipe: str) -> dict[str, list[RunSpec]]:
+        """The runs of each group: seed k (both vary), the init varying at the fixed data order, and the data
+        order varying at the fixed init; the fixed seed's own run is in every group."""
+        setting, fixed = self.settings[recipe], self.fixed_seed
+        own = RunSpec(recipe, setting, fixed)
+        return {
+            "both": [RunSpec(recipe, setting, k) for k in self.seeds],
+            "init": [own, *(RunSpec(recipe, setting, k, data_seed=fixed) for k in self.seeds if k != fixed)],
+            "data": [own, *(RunSpec(recipe, setting, k, init_seed=fixed) for k in self.seeds if k != fixed)],
+        }
+
+    @property
+    def max_runs(self) -> int:
+        return 3 * len(self.seeds) - 2
+
+    def plan(self, outcomes: dict[RunSpec, RunOutcome]) -> list[RunSpec]:
+        wanted: list[RunSpec] = []
+        for group in self.GROUPS:  # group by group, each over every recipe: the paired comparison first
+            for recipe in self.suite.recipes:
+                wanted += [spec for spec in self.cells(recipe)[group] if spec not in wanted]
+        return wanted
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Training a suite: the design's plan, ``jobs`` runs at a time, each in the suite's arithmetic, until nothing is left.
+#
+# As soon as a lane is free the next run of the plan starts (asked for again after every finished run, so a
+# recipe's extensions and seeds start while other recipes' grids train); a run that fails is not started again in
+# the same invocation (the next one resumes it); a stop (Ctrl-C, SIGTERM) reaches the runs in training, which save
+# at the end of their step, and the same command resumes the suite (``fit_processes.py``). The test split is
+# evaluated, in the suite's arithmetic, only on the runs whose numbers a table reports.
+
+
+class SuiteTrainer(SweepTrainer):
+    """compare's trainer with the suite's arithmetic and without tuned overlays (the suite states its settings)."""
+
+    who = "suite"
+
+    def __init__(self, suite: Suite, root: str, jobs: int) -> None:
+        super().__init__(suite.profile, root, suite.train_args(), jobs)
+        self.portable = suite.arithmetic == "portable"
+
+    def command(self, spec: RunSpec, resume: bool) -> list[str]:
+        cmd = super().command(spec, resume)
+        at = cmd.index("--profile") + 2
+        return [*cmd[:at], "--tuned", "none", *cmd[at:], "--run.sample_tokens=0"]
+
+    def environment(self, slot: int) -> dict[str, str]:
+        env = super().environment(slot)
+        return {**env, **PORTABLE_ENV} if self.portable else env
+
+
+def outcome_of(spec: RunSpec, run_dir: Path) -> RunOutcome | None:
+    """A finished run's outcome, from its own end-of-training validation (in the arithmetic it trained with);
+    None while it is not finished."""
+    summary = RunDir(run_dir).summary()
+    if not summary.get("finished"):
+        return None
+    loss = summary.get("val_loss")
+    diverged = bool(summary.get("diverged")) or loss is None
+    return RunOutcome(spec, None if diverged else float(loss), diverged)
+
+
+def settle(design: Design, root: str, profile: str) -> tuple[list[RunSpec], dict[RunSpec, RunOutcome]]:
+    """The plan and the outcomes of its finished runs, asked again until the plan no longer grows (a finished run
+    can decide the next, which may be finished already)."""
+    outcomes: dict[RunSpec, RunOutcome] = {}
+    while True:
+        plan = design.plan(outcomes)
+        new = {s: o for s in plan if s not in outcomes and (o := outcome_of(s, s.run_dir(root, profile)))}
+        if not new:
+            return plan, outcomes
+        outcomes.update(new)
+
+
+def train_suite(suite: Suite, design: Design, root: str, jobs: int) -> set[RunSpec]:
+    """Train every run the plan wants until none is left; the runs that failed (and were not retried)."""
+    trainer = SuiteTrainer(suite, root, jobs)
+    failed: set[RunSpec] = set()
+    running: dict[Future, RunSpec] = {}
+    progress = Progress(suite, design)
+
+    def next_runs() -> list[RunSpec]:
+        plan, outcomes = settle(design, root, suite.profile)
+        busy = set(running.values())
+        todo = [s for s in plan if s not in outcomes and s not in busy and s not in failed]
+        progress.say(len(outcomes), len(running), len(todo))
+        return todo
+
+    def ended(spec: RunSpec, code: int | None) -> None:
+        if code is not None and outcome_of(spec, spec.run_dir(root, suite.profile)) is None:
+            failed.add(spec)  # crashed or refused: its log says why; the next invocation tries again
+
+    with trainer.fits.stoppable():
+        todo = next_runs()
+        if todo:
+            trainer.prepare_data(todo[:1])
+        if trainer.jobs == 1:  # in this thread, as compare does (a fit's signal handlers need the main thread)
+            while todo and not trainer.fits.stops:
+                ended(todo[0], trainer.train(todo[0], slot=0))
+                todo = next_runs()
+            return failed
+        with ThreadPoolExecutor(trainer.jobs) as pool:
+            while True:
+                while todo and len(running) < trainer.jobs and not trainer.fits.stops:
+                    spec = todo.pop(0)
+                    running[pool.submit(trainer._train_in_a_slot, spec)] = spec
+                if not running:
+                    break
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    ended(running.pop(future), future.result())
+                todo = next_runs()
+    return failed
+
+
+class Progress:
+    """One line whenever the counts change: finished, in training, wanted now, and at most how many more."""
+
+    def __init__(self, suite: Suite, design: Design) -> None:
+        self.suite, self.most = suite, design.max_runs * len(suite.recipes)
+        self.said = ""
+
+    def say(self, finished: int, training: int, wanted: int) -> None:
+        line = (
+            f"suite {self.suite.name}: {finished} runs finished, {training} training, {wanted} more wanted now "
+            f"(at most {self.most} in all)"
+        )
+        if line != self.said:
+            print(line, flush=True)
+            self.said = line
+
+
+def evaluate_test(suite: Suite, run_dirs: list[Path]) -> None:
+    """The test split on ``run_dirs`` (those not yet evaluated there), in a process of the suite's arithmetic."""
+    todo = [d for d in run_dirs if evaluated(d, "test") is None and RunDir(d).has_checkpoint()]
+    if not todo:
+        return
+    env = {**os.environ, **PORTABLE_ENV} if suite.arithmetic == "portable" else dict(os.environ)
+    started = time.time()
+    print(f"suite {suite.name}: evaluating the test split of {len(todo)} run(s) at their picks", flush=True)
+    cmd = [sys.executable, "-m", "resnorm_lm", "eval", *map(str, todo), "--split", "test"]
+    done = subprocess.run(cmd, cwd=working_root(), env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"the test evaluation failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    print(f"suite {suite.name}: test split evaluated in {time.time() - started:.0f} s", flush=True)

@@ -1,27 +1,137 @@
-"""Training a sweep's runs: each a ``resnorm-lm fit`` subprocess, ``jobs`` at a time (one GPU each where there
-are enough, one log file each), the data prepared once before parallel jobs start, a stop passed on to the runs in
-training (running_fits.py), and the time it will take (seconds per step measured on the finished runs of the
-profile, by number of blocks).
-"""
+"""Training a sweep's runs on this machine: each a ``resnorm-lm fit`` subprocess, ``jobs`` at a time (one GPU each
+where there are enough, one log file each), the data they resolve to prepared once before parallel jobs start, a
+stop passed on to the runs in training, and the time it will take."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
+import signal
 import statistics
+import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import torch
+import yaml
 
-from resnorm_lm.analysis.data_settings import data_settings
-from resnorm_lm.analysis.running_fits import RunningFits
 from resnorm_lm.analysis.sweep import RunSpec, estimate_seconds
+from resnorm_lm.train.preemption import LAUNCHER_GONE
 from resnorm_lm.train.recipes import recipe_depth
 from resnorm_lm.train.runs import RunDir, working_root
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The ``fit`` subprocesses a local ``compare`` has running, and how a stop reaches them.
+#
+# Each fit runs in its own session (its own process group), so a terminal's Ctrl-C, or a closed terminal's SIGHUP,
+# reaches compare alone, and compare decides what the fits get: while it trains, a SIGTERM, Ctrl-C or SIGHUP sends
+# one SIGTERM to each running fit's group (every DDP rank of it), and each saves ``last.ckpt`` at the end of its
+# optimizer step and exits (resnorm_lm/train/preemption.py). No further run starts, and compare exits with 128 + the
+# signal once its fits have; the same command resumes the sweep. A second stop sends a second SIGTERM, on which the
+# fits exit at once. A signal that compare started with ignored (Ctrl-C in a shell's background job, SIGHUP under
+# ``nohup``) stays ignored. SIGKILL cannot be passed on; on Linux the kernel passes it on instead: when compare dies
+# each fit gets ``LAUNCHER_GONE``, on which it stops the same way (``stop_with_compare``, which each fit calls as it
+# starts).
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+COMPARE_PID = "RESNORM_LM_COMPARE_PID"  # set for each fit compare starts: compare's pid
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+class RunningFits:
+    """Runs fit commands, each in its own session, and passes a stop on to those running (see the module)."""
+
+    def __init__(self) -> None:
+        self.stop_signal: int | None = None  # the first stop signal received
+        self.stops = 0  # how many stop signals came; each fit is sent as many SIGTERMs, at most
+        self.sent: dict[subprocess.Popen, int] = {}  # each running fit and the SIGTERMs sent to it
+
+    def run(self, cmd: list[str], **popen: object) -> int | None:
+        """Run ``cmd`` to its end and return its exit code; None, without starting it, after a stop."""
+        if self.stops:
+            return None
+        env = {**(popen.pop("env", None) or os.environ), COMPARE_PID: str(os.getpid())}
+        process = subprocess.Popen(cmd, start_new_session=True, env=env, **popen)
+        self.sent[process] = 0
+        try:
+            self._pass_stops_on(process)  # a stop that came while it started
+            return process.wait()
+        finally:
+            del self.sent[process]
+
+    @contextlib.contextmanager
+    def stoppable(self) -> Iterator[None]:
+        """While the fits of a sweep train: the stop signals pass on to them. After the block, if a stop came,
+        say so and exit with 128 + its signal."""
+        handled = [s for s in STOP_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN]
+        previous = {signum: signal.signal(signum, self._on_stop) for signum in handled}
+        try:
+            yield
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        if self.stop_signal is not None:
+            with contextlib.suppress(OSError):
+                print(
+                    f"compare: stopped by {signal.Signals(self.stop_signal).name}; run the same command again "
+                    "to resume the sweep",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            raise SystemExit(128 + self.stop_signal)
+
+    def _on_stop(self, signum: int, frame: object) -> None:
+        self.stops += 1
+        if self.stop_signal is None:
+            self.stop_signal = signum
+        name = signal.Signals(signum).name
+        running = list(self.sent)
+        if self.stops == 1:
+            said = (
+                f"\ncompare: {name}: {len(running)} run(s) in training save last.ckpt at the end of their step "
+                f"and stop, and no run starts; {name} again stops them at once\n"
+            )
+        else:
+            said = f"\ncompare: {name} again: the {len(running)} run(s) in training stop at once\n"
+        with contextlib.suppress(OSError):  # a closed terminal's SIGHUP: nowhere to say it
+            os.write(2, said.encode())  # not print: the signal may have come in the middle of one
+        for process in running:
+            self._pass_stops_on(process)
+
+    def _pass_stops_on(self, process: subprocess.Popen) -> None:
+        while self.sent.get(process, self.stops) < self.stops:
+            self.sent[process] += 1
+            with contextlib.suppress(ProcessLookupError):  # it has just ended
+                os.killpg(process.pid, signal.SIGTERM)
+
+
+def stop_with_compare() -> None:
+    """In a fit that compare started: have the kernel send this process ``LAUNCHER_GONE`` when compare dies, however
+    it dies (Linux; elsewhere nothing), so that a ``kill -9`` of compare stops its fits as a ``kill`` does. The
+    variable is taken out of the environment, so that processes this fit starts (its DDP ranks) are left alone."""
+    compare_pid = os.environ.pop(COMPARE_PID, None)
+    if compare_pid is None or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, LAUNCHER_GONE) != 0:
+        return  # not allowed here (a sandbox): the fit trains on if compare dies, as it would elsewhere
+    if os.getppid() != int(compare_pid):  # compare died before the request took hold
+        os.kill(os.getpid(), LAUNCHER_GONE)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Training a sweep's runs: each a ``resnorm-lm fit`` subprocess, ``jobs`` at a time (one GPU each where there
+# are enough, one log file each), the data prepared once before parallel jobs start, a stop passed on to the runs in
+# training (``RunningFits``), and the time it will take (seconds per step measured on the finished runs of the
+# profile, by number of blocks).
 
 
 class SweepTrainer:
@@ -223,3 +333,58 @@ def timing_line(blocks: list[int], rates: dict[int, list[float]]) -> str:
         seconds, timed = step_seconds_at(n, rates)
         parts.append(f"{seconds:.2f} at {n} blocks" + ("" if timed == n else f" (scaled from {timed})"))
     return ", ".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The data settings a ``fit`` command resolves to, found without building the CLI.
+#
+# ``resnorm-lm fit --recipe R --profile P <overrides>`` reads its ``data`` group from the config files
+# ``expand_recipe_arguments`` puts first (the profile, the recipe, its tuned overlay) and then from the
+# command line, in order, later values winning. ``data_settings`` reads the same arguments the same way: the
+# ``data`` section of each ``--config`` file and each ``--data...`` option, in command-line order, through the
+# parser LightningCLI builds for its ``data`` group (``TextDataModule``'s signature: its types and defaults).
+# What it returns is the ``data`` section ``--print_config`` prints (tests/test_sweep.py checks the two agree).
+
+CONFIG_OPTIONS = ("--config", "-c")
+
+
+def data_settings(recipe: str, profile: str, extra: list[str]) -> dict[str, Any] | None:
+    """The ``data`` section that ``fit --recipe <recipe> --profile <profile> <extra>`` resolves to (None when
+    its data arguments do not parse: each job then reports its own config error)."""
+    from lightning.pytorch.cli import LightningArgumentParser
+
+    from resnorm_lm.data.datamodule import TextDataModule
+    from resnorm_lm.train.recipes import expand_recipe_arguments
+
+    args = expand_recipe_arguments(["fit", "--recipe", recipe, "--profile", profile, *extra], say=False)
+    parser = LightningArgumentParser(exit_on_error=False)
+    parser.add_lightning_class_args(TextDataModule, "data")
+    try:
+        settings = parser.parse_object({})  # TextDataModule's defaults
+        for source in data_sources(args):
+            if isinstance(source, dict):
+                settings = parser.parse_object({"data": source}, settings)
+            else:
+                settings = parser.parse_args(source, namespace=settings)
+    except (argparse.ArgumentError, OSError, yaml.YAMLError):
+        return None
+    return settings.data.as_dict()
+
+
+def data_sources(args: list[str]) -> Iterator[dict[str, Any] | list[str]]:
+    """What sets ``data``, in command-line order: each config file's ``data`` section (a dict), and each
+    ``--data...`` option with its value (``["--data.KEY=VALUE"]``). Every such option takes one value, given
+    after ``=`` or as the next argument."""
+    i = 0
+    while i < len(args):
+        name, has_value, value = args[i].partition("=")
+        if name in CONFIG_OPTIONS or name == "--data" or name.startswith("--data."):
+            if not has_value and i + 1 < len(args):
+                i, value = i + 1, args[i + 1]
+            if name in CONFIG_OPTIONS:
+                section = (yaml.safe_load(Path(value).read_text()) or {}).get("data")
+                if isinstance(section, dict):
+                    yield section
+            else:
+                yield [f"{name}={value}"]
+        i += 1
