@@ -202,8 +202,6 @@ class NoNorm(Norm):
 class NormBackend:
     """How a named norm is computed: picks the class that implements ``norm`` on this backend."""
 
-    name: str
-
     @classmethod
     def norm_class(cls, norm: str) -> type[Norm]:
         raise NotImplementedError
@@ -216,8 +214,6 @@ class NormBackend:
 @NORM_BACKENDS.register("torch")
 class TorchBackend(NormBackend):
     """Plain PyTorch ops: the add and the norm are two kernels."""
-
-    name = "torch"
 
     @classmethod
     def norm_class(cls, norm: str) -> type[Norm]:
@@ -232,7 +228,6 @@ class BackendUnavailableError(ResnormError, ValueError):
 class TritonBackend(NormBackend):
     """Fused Triton Add & Norm kernels (layernorm, rmsnorm): one pass over memory, forward and backward."""
 
-    name = "triton"
     norms = ("layernorm", "rmsnorm")
 
     @classmethod
