@@ -15,6 +15,7 @@ RECIPE ?= prenorm-12l
 PROFILE ?= auto
 SEED ?= 1
 RESUME ?=
+LOGGER ?=
 ARGS ?=
 DATA ?= shakespeare
 RUNS ?=
@@ -76,9 +77,9 @@ format: $(STAMP) ## Apply ruff's fixes and formatting
 	$(VENV)/bin/ruff check --fix resnorm_lm tests benchmarks setup.py
 	$(VENV)/bin/ruff format resnorm_lm tests benchmarks setup.py
 
-train: $(STAMP) ## Train RECIPE=<name> [PROFILE=auto|cpu|gpu|smoke] [RESUME=last|<ckpt>] [SEED=k] [ARGS="..."]
+train: $(STAMP) ## Train RECIPE=<name> [PROFILE=auto|cpu|gpu|smoke] [RESUME=last|<ckpt>] [SEED=k] [LOGGER=wandb] [ARGS="..."]
 	$(PY) -m resnorm_lm fit --recipe $(RECIPE) --profile $(PROFILE) --seed_everything $(SEED) \
-		$(if $(RESUME),--ckpt_path $(RESUME)) $(ARGS)
+		$(if $(RESUME),--ckpt_path $(RESUME)) $(if $(LOGGER),--run.logger $(LOGGER)) $(ARGS)
 
 data: $(STAMP) ## Prepare DATA=<corpus> (download, tokenizer, token bins) and print its manifest
 	$(PY) -m resnorm_lm.data prepare --corpus $(DATA) $(ARGS)

@@ -28,6 +28,7 @@ TOOLS = {  # the commands beside LightningCLI's: the module whose main() each ru
     "compare": "resnorm_lm.analysis.compare",
     "suite": "resnorm_lm.analysis.suite",
     "generate": "resnorm_lm.analysis.generate",
+    "export": "resnorm_lm.analysis.export",
     "at-init": "resnorm_lm.analysis.at_init",
 }
 COMMANDS = {  # what `resnorm-lm --help` lists: LightningCLI's fit, validate and test, then the TOOLS
@@ -38,6 +39,7 @@ COMMANDS = {  # what `resnorm-lm --help` lists: LightningCLI's fit, validate and
     "compare": "sweep recipes over learning rates and warmups, pick on validation, report test at the pick",
     "suite": "train and render a pre-registered suite (recipes/suites/): one protocol, budget, seeds, intervals",
     "generate": "sample text from a trained run",
+    "export": "a trained run as safetensors and JSON (and transformers' GPT-2 or OPT where it fits), no pickle",
     "at-init": "every placement at initialization: per-block gradient norms and stream RMS, no training",
 }
 USAGE = "usage: resnorm-lm <command> [options]   (resnorm-lm <command> --help: the command's options)"

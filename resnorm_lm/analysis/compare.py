@@ -292,9 +292,17 @@ def command_line(args, profile: str) -> str:
 
 def sweep_trainer(args: argparse.Namespace, profile: str) -> SweepTrainer:
     """What trains the sweep's runs: fit subprocesses here (``SweepTrainer``), or SLURM jobs."""
+    group = sweep_group(args.root, profile)
     if args.launcher == "slurm":
-        return SlurmSweepTrainer(profile, args.root, args.train_args.split(), args.slurm)
-    return SweepTrainer(profile, args.root, args.train_args.split(), args.jobs)
+        return SlurmSweepTrainer(profile, args.root, args.train_args.split(), args.slurm, group=group)
+    return SweepTrainer(profile, args.root, args.train_args.split(), args.jobs, group=group)
+
+
+def sweep_group(root: str, profile: str) -> str:
+    """The W&B group of a sweep's runs, 'compare-<root's name>-<profile>' (no spaces: a SLURM job's options
+    are split into words)."""
+    name = Path(root).resolve().name or "root"
+    return "-".join(["compare", *name.split(), profile])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="resnorm-lm eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("runs", nargs="+", help="run directories (their last.ckpt) or .ckpt files")
+    parser.add_argument("runs", nargs="+", help="run directories (their last.ckpt), .ckpt files or export folders")
     parser.add_argument("--split", nargs="+", choices=sorted(SPLITS), default=["validation", "test"])
     parser.add_argument(
         "--precision",

@@ -139,8 +139,9 @@ class SweepTrainer:
 
     who = "compare"  # the command, as its messages name it
 
-    def __init__(self, profile: str, root: str, extra: list[str], jobs: int) -> None:
+    def __init__(self, profile: str, root: str, extra: list[str], jobs: int, group: str | None = None) -> None:
         self.profile, self.root, self.extra, self.jobs = profile, root, extra, max(1, jobs)
+        self.group = group  # the runs' W&B group (``run.group``): the sweep's or the suite's name
         self.slots = list(range(self.jobs))
         self.lock = threading.Lock()
         gpus = torch.cuda.device_count()
@@ -220,7 +221,8 @@ class SweepTrainer:
     def run_options(self, spec: RunSpec) -> list[str]:
         """The ``fit`` options, after the recipe, profile and seed, that make ``spec``'s run: where it lives, its
         depth and setting (every launcher runs the same ``fit``)."""
-        return [f"--run.root={self.root}", f"--run.tag={spec.tag}", *spec.overrides()]
+        group = [f"--run.group={self.group}"] if self.group else []
+        return [f"--run.root={self.root}", f"--run.tag={spec.tag}", *group, *spec.overrides()]
 
     def label(self, spec: RunSpec) -> str:
         """'prenorm-12l (smoke, 6 layers, lr 0.001, warmup 0.3, seed 1)': a run as compare's messages name it."""

@@ -18,12 +18,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="resnorm-lm generate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("run", help="a run directory (its last.ckpt) or a .ckpt file")
+    parser.add_argument("run", help="a run directory (its last.ckpt), a .ckpt file, or a resnorm-lm export folder")
     parser.add_argument("--prompt", default="", help="text to continue (default: start of a document)")
     parser.add_argument("--tokens", type=int, default=200, help="tokens to generate")
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--top_k", type=int, default=50, help="0: no top-k cut")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--greedy", action="store_true", help="the most likely token each time (no sampling)")
     args = parser.parse_args(argv)
     if args.temperature <= 0 or args.tokens < 0 or args.top_k < 0:
         parser.error("--temperature must be > 0, --tokens and --top_k >= 0")
@@ -39,7 +40,14 @@ def main(argv: list[str] | None = None) -> int:
     generator = torch.Generator().manual_seed(args.seed)
     sys.stdout.write(args.prompt)
     for piece in stream_text(
-        run.model.model, tokenizer, prompt_ids, args.tokens, args.temperature, args.top_k or None, generator
+        run.model.model,
+        tokenizer,
+        prompt_ids,
+        args.tokens,
+        args.temperature,
+        args.top_k or None,
+        generator,
+        args.greedy,
     ):
         sys.stdout.write(piece)
         sys.stdout.flush()

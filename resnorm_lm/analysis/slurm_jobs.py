@@ -250,8 +250,9 @@ class SlurmSweepTrainer(SweepTrainer):
         options: SlurmOptions,
         queue: SlurmQueue | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        group: str | None = None,
     ) -> None:
-        super().__init__(profile, root, extra, jobs=options.max_jobs)
+        super().__init__(profile, root, extra, jobs=options.max_jobs, group=group)
         self.options, self.queue, self.sleep = options, queue or SlurmQueue(), sleep
         accelerator = str(profile_trainer(profile).get("accelerator", "auto"))
         self.gpus = options.gpus_per_run if options.gpus_per_run is not None else int(accelerator != "cpu")

@@ -73,6 +73,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="render runs of different arithmetic in one table, each row marked (refused otherwise)",
     )
+    parser.add_argument(
+        "--logger",
+        choices=["csv", "wandb"],
+        default="csv",
+        help="where the runs log besides metrics.csv: wandb adds a Weights & Biases run each, grouped "
+        "'suite-<name>' (pip install -e '.[wandb]'; WANDB_MODE=offline works without a network)",
+    )
     args = parser.parse_args(argv)
     if args.jobs is not None and args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
@@ -90,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     root = args.root or f"runs/suites/{suite.name}"
     jobs = args.jobs or max(1, os.cpu_count() or 1)
     started = time.time()
-    failed = set() if args.no_train else train_suite(suite, design, root, jobs)
+    failed = set() if args.no_train else train_suite(suite, design, root, jobs, args.logger)
     plan, outcomes = settle(design, root, suite.profile)
     if not outcomes:
         print(f"resnorm-lm suite: no finished runs of {suite.name} under {root}", file=sys.stderr)
@@ -556,8 +563,9 @@ class SuiteTrainer(SweepTrainer):
 
     who = "suite"
 
-    def __init__(self, suite: Suite, root: str, jobs: int) -> None:
-        super().__init__(suite.profile, root, suite.train_args(), jobs)
+    def __init__(self, suite: Suite, root: str, jobs: int, logger: str = "csv") -> None:
+        logging = [] if logger == "csv" else [f"--run.logger={logger}"]
+        super().__init__(suite.profile, root, [*suite.train_args(), *logging], jobs, group=f"suite-{suite.name}")
         self.portable = suite.arithmetic == "portable"
 
     def command(self, spec: RunSpec, resume: bool) -> list[str]:
@@ -593,9 +601,9 @@ def settle(design: Design, root: str, profile: str) -> tuple[list[RunSpec], dict
         outcomes.update(new)
 
 
-def train_suite(suite: Suite, design: Design, root: str, jobs: int) -> set[RunSpec]:
+def train_suite(suite: Suite, design: Design, root: str, jobs: int, logger: str = "csv") -> set[RunSpec]:
     """Train every run the plan wants until none is left; the runs that failed (and were not retried)."""
-    trainer = SuiteTrainer(suite, root, jobs)
+    trainer = SuiteTrainer(suite, root, jobs, logger)
     failed: set[RunSpec] = set()
     running: dict[Future, RunSpec] = {}
     progress = Progress(suite, design)

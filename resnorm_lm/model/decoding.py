@@ -17,8 +17,10 @@ def sample_tokens(
     temperature: float = 0.8,
     top_k: int | None = 50,
     generator: torch.Generator | None = None,
+    greedy: bool = False,
 ) -> Iterator[int]:
-    """Yield new token ids after ``prompt`` (1D ids), cropping the context to the block size."""
+    """Yield new token ids after ``prompt`` (1D ids), cropping the context to the block size; ``greedy``: the most
+    likely token each time (temperature and top-k then mean nothing)."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     was_training = model.training
@@ -27,6 +29,11 @@ def sample_tokens(
     try:
         for _ in range(max_new_tokens):
             logits, _ = model(idx[:, -model.config.block_size :])  # (1, T, V)
+            if greedy:
+                next_id = logits[:, -1, :].argmax(dim=-1, keepdim=True)  # (1, 1)
+                idx = torch.cat([idx, next_id], dim=1)
+                yield int(next_id)
+                continue
             logits = logits[:, -1, :].float() / temperature  # (1, V)
             if top_k is not None:
                 kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
@@ -47,13 +54,14 @@ def stream_text(
     temperature: float = 0.8,
     top_k: int | None = 50,
     generator: torch.Generator | None = None,
+    greedy: bool = False,
 ) -> Iterator[str]:
     """The generated text piece by piece, holding back a multi-byte character until it is complete."""
     device = next(model.parameters()).device
     prompt = torch.tensor(prompt_ids, device=device)
     ids: list[int] = []
     shown = ""
-    for token in sample_tokens(model, prompt, max_new_tokens, temperature, top_k, generator):
+    for token in sample_tokens(model, prompt, max_new_tokens, temperature, top_k, generator, greedy):
         ids.append(token)
         text = tokenizer.decode(ids, skip_special_tokens=False)
         if not text.endswith("\ufffd"):  # wait for the rest of a multi-byte character

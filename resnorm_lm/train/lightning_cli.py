@@ -89,6 +89,11 @@ class ResnormCLI(LightningCLI):
         cfg = self.config[self.subcommand] if self.subcommand else self.config
         self.run_config = RunConfig(**vars(cfg.run))
         check_settings(cfg)
+        if self.run_config.logger == "wandb" and importlib.util.find_spec("wandb") is None:
+            raise UsageError(
+                "run.logger=wandb needs the wandb package, an optional extra: pip install 'resnorm-lm[wandb]' "
+                "(make install includes it), or leave run.logger at csv"
+            )
         seed = None if cfg.seed_everything is False else cfg.seed_everything  # an int once Lightning resolved True
         if cfg.data.seed is None:  # seed k sets the data order too, the same for every recipe: runs pair by seed
             cfg.data.seed = seed if seed is not None else DEFAULT_DATA_SEED
@@ -207,6 +212,11 @@ class ResnormCLI(LightningCLI):
 
     # ------------------------------------------------------------------ the trainer
 
+    def _config_dict(self) -> dict:
+        """The resolved config as plain data (a W&B run's config)."""
+        cfg = self.config[self.subcommand] if self.subcommand else self.config
+        return {k: v for k, v in cfg.as_dict().items() if k not in ("config", "ckpt_path")}
+
     def instantiate_trainer(self, **kwargs):
         trainer_cfg = self._get(self.config_init, "trainer", default={})
         callbacks = list(trainer_cfg.get("callbacks") or [])
@@ -252,7 +262,7 @@ class ResnormCLI(LightningCLI):
                 callbacks.append(StopAfterSteps(run.stop_after_steps))
         kwargs.update(
             callbacks=callbacks,
-            logger=run_loggers(self.run_dir, self.resume_step),
+            logger=run_loggers(self.run_dir, self.resume_step, run, self._config_dict()),
             default_root_dir=str(self.run_dir),
             plugins=[AtomicCheckpointIO(), *cluster_plugins(self.slurm_job)],
         )
@@ -273,7 +283,11 @@ class ResnormCLI(LightningCLI):
     def _finish(self, preempted: bool) -> dict:
         from resnorm_lm.train.runs import finish_run
 
-        return finish_run(self.trainer, self.model, self.datamodule, self.run_config, self.run_dir, preempted)
+        summary = finish_run(self.trainer, self.model, self.datamodule, self.run_config, self.run_dir, preempted)
+        for logger in self.trainer.loggers:  # the W&B run ends with the fit, not with the process: the next fit
+            if type(logger).__name__ == "WandbLogger" and logger._experiment is not None:  # in it starts anew
+                logger.experiment.finish(exit_code=EXIT_DIVERGED if summary["diverged"] else 0)
+        return summary
 
 
 def check_settings(cfg) -> None:
@@ -308,14 +322,39 @@ def recorded_precision(run_dir: Path) -> str | None:
     return RunDir(run_dir).manifest().get("precision")
 
 
-def run_loggers(run_dir: Path, resume_step: int | None) -> list:
-    """metrics.csv always; TensorBoard event files under tensorboard/ too when tensorboard is installed."""
+def run_loggers(run_dir: Path, resume_step: int | None, run: RunConfig, config: dict) -> list:
+    """metrics.csv always; TensorBoard event files under tensorboard/ too when tensorboard is installed; with
+    ``run.logger: wandb``, a W&B run beside them (its files under the run directory's wandb/; WANDB_MODE=offline
+    keeps it there), named as the run directory, in ``run.group``, its config the run's resolved config (the
+    manifest is added when the fit starts: ``RunManifest``)."""
     loggers = [ContinuedCSVLogger(run_dir, resume_step=resume_step)]
     if importlib.util.find_spec("tensorboard") is not None:
         from lightning.pytorch.loggers import TensorBoardLogger
 
         loggers.append(TensorBoardLogger(save_dir=str(run_dir), name="tensorboard", version=""))
+    if run.logger == "wandb":
+        from lightning.pytorch.loggers import WandbLogger
+
+        name = f"{run.recipe}/{run_dir.name}"
+        loggers.append(
+            WandbLogger(
+                name=name,
+                save_dir=str(run_dir),
+                project="resnorm-lm",
+                group=run.group,
+                config=config,
+                id=wandb_run_id(run_dir),
+                resume="allow",
+            )
+        )
     return loggers
+
+
+def wandb_run_id(run_dir: Path) -> str:
+    """One W&B run per run directory, resumes included: an id from the directory's path."""
+    import hashlib
+
+    return hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:16]
 
 
 def check_writable(run_dir: Path) -> None:

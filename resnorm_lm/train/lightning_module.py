@@ -6,12 +6,14 @@ import math
 import random
 import time
 from dataclasses import asdict
+from pathlib import Path
 
 import lightning as L
 import numpy as np
 import torch
 from torchmetrics import Metric
 
+from resnorm_lm.model import exported
 from resnorm_lm.model.gpt import GPT, GPTConfig
 from resnorm_lm.targets import IGNORE_INDEX
 from resnorm_lm.train.callbacks import ends_optimizer_step
@@ -105,6 +107,8 @@ class LanguageModel(L.LightningModule):
             device with the fused optimizer skipping it there: resnorm_lm/train/divergence.py). A step
             is judged whole (all its micro-batches) and for all DDP ranks at once.
         init_seed: the weights' seed; None (the default): the run's seed, which sets the data order too.
+        init_from: a folder ``resnorm-lm export`` wrote: the weights start as its (its architecture must be this
+            run's), not from ``init``.
         compile: torch.compile the GPT in place (``nn.Module.compile``: state-dict keys unchanged, so
             checkpoints stay interchangeable). Opt-in: see docs/benchmarks.md for its effect here.
     """
@@ -117,6 +121,7 @@ class LanguageModel(L.LightningModule):
         divergence: DivergenceConfig = DivergenceConfig(),  # noqa: B008
         compile: bool = False,
         init_seed: int | None = None,
+        init_from: str | None = None,
     ) -> None:
         super().__init__()
         self.arch = arch
@@ -133,6 +138,8 @@ class LanguageModel(L.LightningModule):
         with torch.random.fork_rng(devices=[], enabled=init_seed is not None):
             torch.manual_seed(init_seed) if init_seed is not None else None  # the run's RNG stream untouched
             self.model = GPT(self.arch)
+        if init_from is not None:
+            self.model.load_state_dict(exported_weights(init_from, self.arch))
         self.stream_rms = StreamRMS(self.model)  # read in the training forward of logging steps
         self.train_seconds_before = 0.0  # wall time of earlier segments of a resumed run
         self.tokens_seen: int | None = 0  # training tokens consumed on all ranks (None: resumed from an old file)
@@ -418,3 +425,18 @@ def identity_differences(then: dict[str, str], now: dict[str, str]) -> list[str]
         for key in sorted(then)
         if now.get(key) != then[key]
     ]
+
+
+def exported_weights(folder: str, arch: GPTConfig) -> dict[str, torch.Tensor]:
+    """The weights of an export (``resnorm_lm/model/exported.py``) for a model of ``arch``; refused, with what
+    differs, when the export's architecture is another (the fused or the plain norm backend is the same)."""
+    cfg, state, _ = exported.read(Path(folder))
+    theirs, ours = asdict(cfg), asdict(arch)
+    differ = [
+        f"{k}: export {theirs[k]!r}, this run {ours[k]!r}"
+        for k in ours
+        if k != "norm_backend" and theirs.get(k) != ours[k]
+    ]
+    if differ:
+        raise exported.ExportError(f"model.init_from={folder}: its architecture is not this run's: {'; '.join(differ)}")
+    return state

@@ -11,6 +11,7 @@ from typing import Any
 from resnorm_lm.data.datamodule import TextDataModule
 from resnorm_lm.data.errors import CorpusChangedError, DataError
 from resnorm_lm.errors import ResnormError
+from resnorm_lm.model import exported
 from resnorm_lm.model.gpt import GPTConfig
 from resnorm_lm.model.norms import NORM_BACKENDS
 from resnorm_lm.train.checkpoint_io import CheckpointFileError, read_checkpoint_file
@@ -118,8 +119,24 @@ def prepare_checked(ckpt: Path, dm: TextDataModule, data: dict[str, Any], expect
         )
 
 
+def trained_data(source: Path, data: dict[str, Any], cache_dir: str | None, identity) -> TextDataModule:
+    """The data module of the data a checkpoint or export (``source``) was trained on, prepared and checked
+    against its recorded identity; ``cache_dir`` in place of the recorded one where given."""
+    if cache_dir is not None:
+        data = {**data, "cache_dir": cache_dir}
+    try:
+        dm = TextDataModule(**data)
+    except ValueError as err:
+        raise CheckpointError(f"{source}: its data settings are not valid here: {err}") from None
+    prepare_checked(source, dm, data, identity)
+    return dm
+
+
 def load_run(path: str | Path, cache_dir: str | None = None) -> LoadedRun:
-    """The model (eval mode, on CPU) and its data module, set up on the data it was trained on."""
+    """The model (eval mode, on CPU) and its data module, set up on the data it was trained on. ``path``: a run
+    directory, a .ckpt file, or a folder that ``resnorm-lm export`` wrote."""
+    if exported.is_export(Path(path)):
+        return load_export(Path(path), cache_dir)
     ckpt, run_dir = find_checkpoint(path)
     state = read_checkpoint(ckpt)
     arch = usable_backend(state["hyper_parameters"]["arch"])
@@ -134,13 +151,25 @@ def load_run(path: str | Path, cache_dir: str | None = None) -> LoadedRun:
     data = {k: v for k, v in state.get("datamodule_hyper_parameters", {}).items() if not k.startswith("_")}
     if not data:
         raise CheckpointError(f"{ckpt} has no data settings (datamodule_hyper_parameters)")
-    if cache_dir is not None:
-        data["cache_dir"] = cache_dir
-    try:
-        dm = TextDataModule(**data)
-    except ValueError as err:
-        raise CheckpointError(f"{ckpt}: its data settings are not valid here: {err}") from None
     manifest = run_manifest(run_dir)
-    prepare_checked(ckpt, dm, data, recorded_identity(state, manifest))
+    dm = trained_data(ckpt, data, cache_dir, recorded_identity(state, manifest))
     precision = state.get("precision") or manifest.get("precision")
     return LoadedRun(model, dm, ckpt, run_dir, int(state.get("global_step", 0)), precision)
+
+
+def load_export(folder: Path, cache_dir: str | None = None) -> LoadedRun:
+    """An exported run (``resnorm_lm/model/exported.py``: safetensors and JSON, no pickle) as ``load_run`` gives a
+    checkpoint: its model, and its data module set up on the data it was trained on (checked as a checkpoint's)."""
+    try:
+        gpt, meta = exported.load_model(folder)
+    except exported.ExportError as err:
+        raise CheckpointError(str(err)) from None
+    model = LanguageModel(arch=gpt.config)
+    model.model.load_state_dict(gpt.state_dict())
+    model.eval()
+    data = dict(meta.get("data") or {})
+    if not data:
+        raise CheckpointError(f"{folder}: its resnorm_lm.json names no data settings")
+    dm = trained_data(folder, data, cache_dir, meta.get("data_identity"))
+    run = meta.get("run") or {}
+    return LoadedRun(model, dm, folder, None, int(run.get("step") or 0), run.get("precision"))

@@ -48,6 +48,7 @@ def working_root() -> Path:
     return source_checkout() or Path.cwd()
 
 
+LOGGERS = ("csv", "wandb")
 LEGACY_DATA_SEED = 1337  # the one data order of every run trained before data orders followed the run's seed
 
 
@@ -65,12 +66,16 @@ class RunConfig:
     stop_after_steps: int | None = None  # stop at this step with the schedule of max_steps (split a run into jobs)
     base: str | None = None  # in a variant's recipe: the recipe it varies, whose tuned setting it takes if it has none
     tuned_overlay: str = ""  # set by --recipe: the tuned overlay applied (recipes/tuned/...), or none
+    logger: str = "csv"  # csv: metrics.csv (and TensorBoard's files where it is installed); wandb: W&B beside them
+    group: str | None = None  # the W&B group of the run (a sweep's or a suite's name: compare and suite set it)
 
     def __post_init__(self) -> None:
         for name, minimum in (("checkpoint_every", 1), ("dist_timeout_s", 1), ("sample_tokens", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise ValueError(f"run.{name} must be an integer >= {minimum}, got {value!r}")
+        if self.logger not in LOGGERS:
+            raise ValueError(f"run.logger must be one of {', '.join(LOGGERS)}, got {self.logger!r}")
         if self.stop_after_steps is not None and not self.stop_after_steps >= 1:
             raise ValueError(f"run.stop_after_steps must be a step >= 1 (or null), got {self.stop_after_steps!r}")
 
@@ -312,26 +317,27 @@ class RunManifest(L.Callback):
         run_dir = RunDir(self.run_dir)
         earlier = run_dir.manifest() if self.resumed_from_step is not None else {}
         segments = earlier.get("segments") or ([legacy_segment(earlier)] if earlier else [])
-        write_json_atomic(
-            run_dir.manifest_path,
-            {
-                "recipe": self.run.recipe,
-                "base_recipe": self.run.base,
-                "tuned_overlay": self.run.tuned_overlay or None,  # where LR and warmup came from ("none": untuned)
-                "profile": self.run.profile,
-                "seed": self.seed,
-                "seeds": {
-                    "init": self.seed if pl_module.init_seed is None else pl_module.init_seed,  # what each sets
-                    "data_order": getattr(trainer.datamodule, "seed", None),
-                },
-                **segment,
-                "started": earlier.get("started", segment["started"]),  # when the run began
-                "data": data,
-                "parameters": count_parameters(pl_module),
-                "init": pl_module.arch.init,  # how the weights started (model.arch.init)
-                "segments": [*segments, segment],
+        manifest = {
+            "recipe": self.run.recipe,
+            "base_recipe": self.run.base,
+            "tuned_overlay": self.run.tuned_overlay or None,  # where LR and warmup came from ("none": untuned)
+            "profile": self.run.profile,
+            "seed": self.seed,
+            "seeds": {
+                "init": self.seed if pl_module.init_seed is None else pl_module.init_seed,  # what each sets
+                "data_order": getattr(trainer.datamodule, "seed", None),
             },
-        )
+            **segment,
+            "started": earlier.get("started", segment["started"]),  # when the run began
+            "data": data,
+            "parameters": count_parameters(pl_module),
+            "init": pl_module.arch.init,  # how the weights started (model.arch.init)
+            "segments": [*segments, segment],
+        }
+        write_json_atomic(run_dir.manifest_path, manifest)
+        for logger in trainer.loggers:  # a W&B run gets the manifest too (code, versions, hardware, arithmetic)
+            if type(logger).__name__ == "WandbLogger":
+                logger.experiment.config.update({"manifest": manifest}, allow_val_change=True)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         """The run a checkpoint belongs to and what its data position is counted in (resume checks)."""
