@@ -523,6 +523,10 @@ def bench_throughput(
                 print(
                     f"  {kind} (compile={str(compiled).lower()}): {runs[-1]['tokens_per_s']:.0f} tokens/s", flush=True
                 )
+        paired = [  # each round's Lightning run over its bare run: the two ran back to back, on one machine state
+            light["tokens_per_s"] / bare["tokens_per_s"]
+            for light, bare in zip(rates["lightning"], rates["bare"], strict=False)
+        ]
         for kind, runs in rates.items():
             row = {
                 "path": kind,
@@ -534,6 +538,7 @@ def bench_throughput(
                 "max_rss_mb": None,
                 "runs": len(runs),
                 "error": errors.get(kind),
+                "paired_ratios": ";".join(f"{r:.3f}" for r in paired),
             }
             if runs:
                 tps = statistics.median(r["tokens_per_s"] for r in runs)
@@ -577,11 +582,12 @@ def print_throughput(
             f"{cell(r['step_s'], '.4f', 8)} {tail}{error}"
         )
     for compiled in sorted({r["compile"] for r in rows}):
-        pair = {r["path"]: r["tokens_per_s"] for r in rows if r["compile"] == compiled}
-        ratio = f"{pair['lightning'] / pair['bare']:.3f}" if pair.get("lightning") and pair.get("bare") else "n/a"
+        paired = [float(r) for r in next(r for r in rows if r["compile"] == compiled)["paired_ratios"].split(";") if r]
+        ratio = f"{statistics.median(paired):.3f}" if paired else "n/a"
+        spread = f" (median of {len(paired)} rounds' ratios, {min(paired):.3f}..{max(paired):.3f})" if paired else ""
         print(
             f"lightning_vs_bare_ratio (compile={str(compiled).lower()})={ratio}"
-            + ("" if ratio != "n/a" else " (a path has no run: see its row)")
+            + (spread if paired else " (a path has no run: see its row)")
         )
     if gpu and any(r["tokens_per_s"] and r["mfu"] is None for r in rows):
         print(f"MFU: left out: {mfu_missing or 'the FLOPs per token are unknown (the bare child did not finish)'}")
@@ -651,7 +657,8 @@ def main() -> int:
         "--rounds",
         type=int,
         default=None,
-        help="alternating runs of each path (default: 2 on cpu, 1 on gpu or with --quick)",
+        help="alternating runs of each path; the ratio is the median of each round's (default: 5 on cpu, 1 on "
+        "gpu or with --quick)",
     )
     parser.add_argument("--results", type=Path, default=RESULTS, help="where the CSVs go (default: %(default)s)")
     parser.add_argument(
@@ -688,7 +695,8 @@ def main() -> int:
     sections = args.only or ["anatomy", "throughput", "placements", "norm-steps", "eval", "norms"]
     bp = BENCH_PROFILES[profile]
     warmup, steps = bp["quick"] if args.quick else (bp["warmup"], bp["steps"])
-    rounds = args.rounds or (2 if profile == "cpu" and not args.quick else 1)
+    # the ratio is a median over rounds: five on the CPU, where a shared machine's speed drifts within minutes
+    rounds = args.rounds or (5 if profile == "cpu" and not args.quick else 1)
     widths = [128, 1024] if args.quick else [128, 256, 512, 1024, 2048, 4096]
     print(f"machine: {machine()}")
     print(f"command: {' '.join([Path(sys.argv[0]).name, *sys.argv[1:]])}\n")

@@ -158,6 +158,25 @@ def test_a_failed_child_leaves_its_row_empty_and_the_table_the_ratio_and_the_csv
     assert [r["path"] for r in csv.DictReader((tmp_path / "training_gpu.csv").open())] == ["lightning", "bare"]
 
 
+def test_the_ratio_is_the_median_of_each_rounds_paired_ratio(monkeypatch, capsys):
+    """A machine that slows down for a while slows both runs of a round: the ratio of each round's pair holds
+    where the ratio of the two medians would not (here: 1.000, where the medians' ratio says 0.800)."""
+    speeds = iter([(1.0, 1.0), (2.0, 2.5), (2.0, 2.5), (3.0, 3.0), (3.0, 3.0)])  # (bare, lightning) s per step
+    current = {}
+
+    def child(kind, profile, compile_, steps, warmup, timeout_s=None, data_files=None):
+        if kind == "lightning":
+            current["bare"], current["lightning"] = next(speeds)
+        step = current[kind]
+        return {"starts": [0.0, step, 2 * step], "ends": [step, 2 * step, 3 * step], "max_rss_mb": 1.0}
+
+    monkeypatch.setattr(bench_training, "run_child", child)
+    rows = bench_training.bench_throughput("cpu", [False], 5, 3, 1)
+    bench_training.print_throughput(rows, "cpu", 5, 3, 1)
+    out = capsys.readouterr().out
+    assert "lightning_vs_bare_ratio (compile=false)=1.000 (median of 5 rounds' ratios, 0.800..1.000)" in out
+
+
 def test_an_unknown_peak_leaves_mfu_out_with_a_line_saying_why(capsys):
     rows = [
         {
@@ -168,13 +187,14 @@ def test_an_unknown_peak_leaves_mfu_out_with_a_line_saying_why(capsys):
             "gap_fraction": 0.0,
             "mfu": None,
             "max_rss_mb": 10,
+            "paired_ratios": "1.000",
         }
         for p in ("lightning", "bare")
     ]
     reason = "Lightning's table has no dense bf16 peak for 'NVIDIA H200'"
     bench_training.print_throughput(rows, "gpu", 1, 3, 1, reason)
     out = capsys.readouterr().out
-    assert "lightning_vs_bare_ratio (compile=true)=1.000" in out
+    assert "lightning_vs_bare_ratio (compile=true)=1.000 (median of 1 rounds' ratios, 1.000..1.000)" in out
     assert re.search(r"lightning +true +1000 +0.1000 +n/a", out)
     assert f"MFU: left out: {reason}" in out
     assert bench_training.no_peak_reason() == "no CUDA"  # the reason here, on a machine without CUDA
