@@ -288,7 +288,7 @@ def scripted_compare(tmp_path, monkeypatch):
     }
     trainers = []
 
-    def factory(profile, root, extra, jobs):
+    def factory(profile, root, extra, jobs, group=None):
         trainers.append(DepthTrainer(Path(root), lambda n, lr, seed: 4.0 + n * 0.01 + lr * 10 + 0.01 * seed, data))
         return trainers[-1]
 

@@ -45,6 +45,7 @@ def test_a_resumed_ddp_run_starts_on_every_rank(tmp_path, monkeypatch):
 def wandb_records(path: Path) -> list:
     """The records of a W&B run file (``run-<id>.wandb``): a 7-byte header, then LevelDB-log-style chunks in
     32 KiB blocks (crc 4 bytes, length 2, type 1: full, first, middle, last), each record a protobuf ``Record``."""
+    from google.protobuf.message import DecodeError
     from wandb.proto import wandb_internal_pb2
 
     data, pos, block, records, pending = path.read_bytes(), 7, 32768, [], b""
@@ -53,11 +54,18 @@ def wandb_records(path: Path) -> list:
             pos += block - pos % block
             continue
         length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
+        if pos + 7 + length > len(data):
+            break  # a chunk the service is still writing
         pending += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):
             record = wandb_internal_pb2.Record()
-            record.ParseFromString(pending)
+            try:
+                record.ParseFromString(pending)
+            except DecodeError:
+                if pos + 7 <= len(data):
+                    raise  # a damaged record with more after it: the reader or the file is wrong
+                break  # the file's last record, caught half-written
             records.append(record)
             pending = b""
     return records

@@ -36,7 +36,7 @@ def check_trainer_numbers(trainer: dict[str, Any]) -> list[str]:
         value = trainer.get(key)
         if value is None or isinstance(value, bool):
             continue
-        low = 1 if key == "val_check_interval" else 0
+        low = 0 if key == "limit_val_batches" else 1  # 0 test batches would leave the run without its test loss
         if isinstance(value, float) and value.is_integer() and value > 1:
             value = int(value)  # a count that the parser typed as float
         if (isinstance(value, int) and value < low) or (isinstance(value, float) and not 0 < value <= 1):
