@@ -6,7 +6,16 @@ floor of a plain fp32 path) and return that dtype.
 
 import torch
 
-from resnorm_lm.model.norms import DynamicTanh, LayerNorm, NoNorm, RMSNorm, ScaleNorm, build_norm
+from resnorm_lm.model.norms import (
+    DynamicErf,
+    DynamicTanh,
+    LayerNorm,
+    NoNorm,
+    RMSNorm,
+    RMSScaledTanh,
+    ScaleNorm,
+    build_norm,
+)
 
 F64 = torch.float64
 
@@ -34,6 +43,16 @@ def dyt(x, alpha, weight, bias, dtype=F64):
     return y + bias.to(dtype) if bias is not None else y
 
 
+def derf(x, alpha, shift, weight, bias, dtype=F64):
+    y = weight.to(dtype) * torch.erf(alpha.to(dtype) * x.to(dtype) + shift.to(dtype))
+    return y + bias.to(dtype) if bias is not None else y
+
+
+def rms_scaled_tanh(x, weight, dtype=F64):
+    x = x.to(dtype)
+    return weight.to(dtype) * torch.tanh(x / torch.sqrt((x**2).mean()))  # the RMS of the whole input
+
+
 def reference(norm, x, dtype=F64):
     """The plain-formula output of ``norm`` with the module's own parameters, computed in ``dtype``."""
     if isinstance(norm, LayerNorm):
@@ -44,6 +63,10 @@ def reference(norm, x, dtype=F64):
         return scalenorm(x, norm.gain, norm.eps, dtype)
     if isinstance(norm, DynamicTanh):
         return dyt(x, norm.alpha, norm.weight, norm.bias, dtype)
+    if isinstance(norm, DynamicErf):
+        return derf(x, norm.alpha, norm.shift, norm.weight, norm.bias, dtype)
+    if isinstance(norm, RMSScaledTanh):
+        return rms_scaled_tanh(x, norm.weight, dtype)
     if isinstance(norm, NoNorm):
         return x.to(dtype)
     raise AssertionError(f"no reference for {type(norm).__name__}")

@@ -92,6 +92,8 @@ def test_transformers_greedy_decoding_is_this_packages(tmp_path, cfg, layout):
         pytest.param(replace(SMALL, placement="deepnorm", tie_embeddings=False), id="deepnorm-untied"),
         pytest.param(replace(SMALL, placement="postnorm", norm_eps=1e-6), id="postnorm-eps1e-6"),
         pytest.param(SMALL, id="prenorm-gpt2"),
+        pytest.param(replace(SMALL, placement="olmo2", norm="rmsnorm", qk_norm="full"), id="olmo2-qknorm"),
+        pytest.param(replace(SMALL, norm="derf", bias=False), id="prenorm-derf"),
     ],
 )
 def test_every_model_reads_back_exactly(tmp_path, cfg):
@@ -109,6 +111,8 @@ def test_a_model_transformers_has_no_architecture_for_says_why(tmp_path):
     assert layout == "resnorm_lm" and "eps 1e-5" in why
     layout, why = exported.layout_for(replace(SMALL, norm="rmsnorm"))
     assert layout == "resnorm_lm" and "'rmsnorm'" in why
+    layout, why = exported.layout_for(replace(SMALL, qk_norm="per_head"))  # GPT-2 has no QK-norm
+    assert layout == "resnorm_lm" and "qk_norm 'per_head'" in why
     write_export(scrambled(replace(SMALL, norm="rmsnorm")), tmp_path)
     assert not (tmp_path / exported.HF_CONFIG).exists()  # transformers would read the weights as another model's
 

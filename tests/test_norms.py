@@ -142,9 +142,42 @@ def test_parameters_match_torch_semantics_and_the_papers_inits():
     assert list(build_norm("none", 16).parameters()) == []
 
 
+def test_dyt_and_derf_start_as_their_authors_set_up_language_models():
+    """DyT's LLaMA setup (jiachenzhu/DyT): alpha by width and by what the norm feeds, no bias, the embeddings
+    scaled by a learned sqrt(d); Derf's GPT-2 patch (zlab-princeton/Derf): alpha 1, shift 0, the token + position
+    embeddings scaled by a learned sqrt(d)."""
+    alphas = {
+        (width, role): build_norm("dyt_paper", width, role=role).alpha.item()
+        for width in (128, 1024, 4096, 8192)
+        for role in ("attention", "mlp", "final")
+    }
+    assert [alphas[128, r] for r in ("attention", "mlp", "final")] == [1.0, 1.0, 1.0]
+    assert [alphas[4096, r] for r in ("attention", "mlp", "final")] == pytest.approx([0.8, 0.2, 0.2])
+    assert [alphas[8192, r] for r in ("attention", "mlp", "final")] == pytest.approx([0.2, 0.05, 0.05])
+    assert "bias" not in dict(build_norm("dyt_paper", 16, role="mlp").named_parameters())
+    derf = build_norm("derf", 16)
+    assert (derf.alpha.item(), derf.shift.item(), derf.bias.abs().sum().item()) == (1.0, 0.0, 0.0)
+    for name in ("dyt_paper", "derf"):
+        scale = NORMS.get(name).input_scale(16)
+        assert scale.gain.item() == pytest.approx(4.0) and scale.gain.requires_grad
+
+
+def test_the_rms_readout_arm_sets_its_alpha_to_one_over_the_rms_of_its_input():
+    """dyt_rms_readout's final norm: gamma * tanh(x / RMS(x)), the same output whatever the input's scale (it
+    cannot saturate as the stream grows); its other norms are dyt_paper's."""
+    final = build_norm("dyt_rms_readout", 16, role="final")
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    with torch.no_grad():
+        final.weight.uniform_(0.5, 1.5)
+    torch.testing.assert_close(final.double()(x), ref.reference(final.double(), x))
+    torch.testing.assert_close(final.double()(100 * x), final.double()(x))
+    assert type(build_norm("dyt_rms_readout", 16, role="mlp")) is NORMS.get("dyt_rms_readout")
+
+
 def test_unknown_norm_lists_valid_names():
     with pytest.raises(
-        ValueError, match="unknown norm 'batchnorm'.*dyt, dyt_llm, dyt_lnout, layernorm, none, rmsnorm, scalenorm"
+        ValueError,
+        match="unknown norm 'batchnorm'.*derf, dyt, dyt_llm, dyt_lnout, dyt_paper, dyt_rms_readout, layernorm, none",
     ):
         build_norm("batchnorm", 8)
 

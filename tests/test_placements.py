@@ -11,37 +11,11 @@ from resnorm_lm.model.block import ResidualStream
 from resnorm_lm.model.gpt import GPT, GPTConfig
 from resnorm_lm.model.norms import LayerNorm, Norm
 from resnorm_lm.model.placements import PLACEMENTS, DeepNorm, DualStream
-
-C = 16
-
-
-def make_norm(role=None):
-    norm = LayerNorm(C)
-    with torch.no_grad():  # non-trivial affine parameters so the test sees which norm is used where
-        norm.weight.uniform_(0.5, 1.5)
-        norm.bias.uniform_(-0.5, 0.5)
-    return norm
+from tests.toy_sublayers import C, Toy, Zero, ln, make_norm
 
 
 def config(name: str = "prenorm", n_layer: int = 4) -> GPTConfig:
     return GPTConfig(vocab_size=64, block_size=8, n_layer=n_layer, n_head=2, n_embd=C, placement=name)
-
-
-class Toy(nn.Module):
-    """A deterministic nonlinear sublayer standing in for attention or the MLP."""
-
-    def __init__(self, seed):
-        super().__init__()
-        g = torch.Generator().manual_seed(seed)
-        self.w = nn.Parameter(torch.randn(C, C, generator=g) / math.sqrt(C))
-
-    def forward(self, x):
-        return torch.tanh(x @ self.w) * 2.0
-
-
-class Zero(nn.Module):
-    def forward(self, x):
-        return torch.zeros_like(x)
 
 
 def make_placement(name, layer=0, n_layer=4):
@@ -49,10 +23,6 @@ def make_placement(name, layer=0, n_layer=4):
     block = PLACEMENTS.get(name)(config(name, n_layer), layer, make_norm)
     block.attn, block.mlp = Toy(1), Toy(2)
     return block
-
-
-def ln(norm, x):
-    return F.layer_norm(x, (C,), norm.weight, norm.bias, norm.eps)
 
 
 @pytest.fixture
@@ -84,6 +54,15 @@ def test_sandwich(toys, x):
     f, g = toys
     h = x + ln(p.attn_out_norm, f(ln(p.attn_in_norm, x)))
     torch.testing.assert_close(p(x), h + ln(p.mlp_out_norm, g(ln(p.mlp_in_norm, h))))
+
+
+def test_olmo2_reordered_norm_normalizes_the_outputs_not_the_inputs(toys, x):
+    """OLMo 2, eqs. 1-2 (arXiv 2501.00656; eq. 2's MLP(x) is MLP(h), as its section 3.3.2 and OLMo-core have it):
+    h = x + Norm(Attn(x)),  out = h + Norm(MLP(h))."""
+    p = make_placement("olmo2")
+    f, g = toys
+    h = x + ln(p.attn_norm, f(x))
+    torch.testing.assert_close(p(x), h + ln(p.mlp_norm, g(h)))
 
 
 @pytest.mark.parametrize("n_layer, alpha, beta", [(1, 1.1892, 0.5946), (12, 2.2134, 0.3195), (48, 3.1302, 0.2259)])
@@ -247,7 +226,14 @@ FINAL = {
     "peri_ln": LayerNorm,
     "resi_dual": LayerNorm,
     "resi_dual_embed": LayerNorm,
+    "olmo2": LayerNorm,
+    "hc": LayerNorm,
+    "mhc": LayerNorm,
+    "attnres": LayerNorm,
+    "attnres_block": LayerNorm,
+    "denseformer": LayerNorm,
 }
+OWN_STREAM = {"resi_dual", "resi_dual_embed", "hc", "mhc", "attnres", "attnres_block", "denseformer"}
 
 
 @pytest.mark.parametrize("name", sorted(FINAL))
@@ -255,7 +241,7 @@ def test_final_norm_only_where_the_formula_has_one(name):
     stream = PLACEMENTS.get(name).residual_stream(config(name, 1), lambda role=None: LayerNorm(C))
     assert type(stream.final_norm) is FINAL[name]
     assert isinstance(stream, DualStream) == name.startswith("resi_dual")  # x + LN(d): the dual stream's exit
-    assert type(stream) is ResidualStream or name.startswith("resi_dual")
+    assert (type(stream) is ResidualStream) == (name not in OWN_STREAM)  # a stream of more than one tensor
 
 
 def test_every_registered_placement_has_its_final_norm_checked():
@@ -263,7 +249,8 @@ def test_every_registered_placement_has_its_final_norm_checked():
 
 
 def test_unknown_placement_lists_valid_names():
-    with pytest.raises(ValueError, match="unknown placement 'peri'.*b2t, deepnorm, lns, mixln"):
+    valid = "attnres, attnres_block, b2t, deepnorm, denseformer, hc, lns, mhc, mixln"
+    with pytest.raises(ValueError, match=f"unknown placement 'peri'.*{valid}"):
         GPTConfig(placement="peri")
 
 

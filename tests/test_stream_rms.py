@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from resnorm_lm.model.gpt import GPT, GPTConfig
-from resnorm_lm.train.diagnostics import StreamRMS
+from resnorm_lm.train.diagnostics import ReadoutMean, StreamRMS
 
 
 def model(placement: str, n_layer: int = 4) -> GPT:
@@ -66,3 +66,35 @@ def test_the_micro_batches_of_a_step_are_averaged_per_block():
         m(b)
     got = [v.item() for v in recorder.take()]
     assert got == pytest.approx([(x + y) / 2 for x, y in zip(first, second)], rel=1e-5)
+
+
+def test_the_readout_input_is_split_into_the_mean_every_token_shares_and_the_rest():
+    """ReadoutMean on the final norm's input: a constant (C,) vector added to the stream before the readout
+    shows up in the mean's RMS, and leaves the rest's RMS as it was."""
+    m = model("prenorm", n_layer=2)
+    recorder = ReadoutMean(m)
+    idx = torch.randint(0, 64, (3, 16))
+    shift = torch.full((32,), 5.0)  # every token pushed the same way
+    with torch.no_grad():
+        x = m.wte(idx) + m.wpe(torch.arange(16))
+        stream = m.stream.enter(x)
+        for block in m.blocks:
+            stream = block(stream)  # (B, T, C): the final norm's input, by hand
+        recorder.active = True
+        m(idx)
+        last = m.blocks[-1].register_forward_hook(lambda mod, args, out: out + shift)
+        m(idx)
+        last.remove()
+    mean = stream.mean(dim=(0, 1))
+    plain = {
+        "readout/mean_rms": mean.pow(2).mean().sqrt().item(),
+        "readout/rest_rms": (stream - mean).std(None, correction=0).item(),
+    }
+    assert {k: v.item() for k, v in recorder.take().items()} == pytest.approx(
+        {
+            "readout/mean_rms": (plain["readout/mean_rms"] + (mean + shift).pow(2).mean().sqrt().item()) / 2,
+            "readout/rest_rms": plain["readout/rest_rms"],
+        },
+        rel=1e-4,
+    )
+    assert recorder.take() == {}

@@ -61,11 +61,6 @@ def _pass_through(stream: Stream) -> Stream:
     return stream
 
 
-def first_stream(stream: Stream) -> torch.Tensor:
-    """The stream the next block's sublayers read: the tensor itself, or ResiDual's post-norm stream x."""
-    return stream[0] if isinstance(stream, tuple) else stream
-
-
 def angular_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``(1/pi) * arccos(cos_sim(a, b))`` along the last dimension: (..., C) x (..., C) -> (...), in [0, 1].
 
@@ -95,10 +90,11 @@ def measure(model: GPT, x: torch.Tensor, y: torch.Tensor, batch_size: int = 64) 
     ``y`` (N, T); targets equal to IGNORE_INDEX (a last window's padding) are not tokens."""
     distances = torch.zeros(len(model.blocks), dtype=torch.float64, device=x.device)  # (L,): sums over tokens
     valid: list[torch.Tensor] = []  # the current batch's (B, T) mask, read by the hooks
+    block_input = model.stream.block_input  # the (B, T, C) tensor a block's sublayers read from the stream
 
     def recorder(layer: int):
         def hook(module: nn.Module, args: tuple, output: Stream) -> None:
-            d = angular_distance(first_stream(args[0]), first_stream(output))  # (B, T)
+            d = angular_distance(block_input(args[0]), block_input(output))  # (B, T)
             distances[layer] += d[valid[0]].sum()
 
         return hook

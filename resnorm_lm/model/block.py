@@ -72,6 +72,18 @@ class ResidualStream(nn.Module):
         """The tensor (B, T, C) whose growth with depth is measured (the residual stream's RMS): the stream."""
         return stream
 
+    def diagnostics(self) -> dict[str, torch.Tensor]:
+        """What the stream measured of itself in its last forward pass, by metrics.csv column (0-dim tensors),
+        logged beside the per-block diagnostics: nothing, for a plain stream (hyper-connections: the gain of
+        their stream mixes composed across the layers)."""
+        return {}
+
+    @staticmethod
+    def block_input(stream: Stream) -> torch.Tensor:
+        """The tensor (B, T, C) the next block's sublayers read, whose change across a block is the block's
+        angular distance (layer contribution): the stream."""
+        return stream
+
 
 class Block(nn.Module):
     """One transformer block, attention then MLP, wired by a placement: subclasses write ``forward``.

@@ -39,12 +39,14 @@ class ExportError(ResnormError, ValueError):
 
 def layout_for(cfg: GPTConfig) -> tuple[str, str]:
     """The layout a model is exported in, and why (which transformers class reads it, or why none does)."""
-    plain = cfg.norm == "layernorm" and cfg.init is not None  # any init: weights are weights
+    plain = cfg.norm == "layernorm" and cfg.qk_norm == "none"  # any init: weights are weights
     if plain and cfg.placement == "prenorm":
         return "gpt2", "pre-norm with LayerNorm: transformers' GPT2LMHeadModel computes this model's function"
     if plain and cfg.placement == "postnorm" and cfg.norm_eps == 1e-5:
         return "opt", "post-norm with LayerNorm: transformers' OPTForCausalLM (do_layer_norm_before false)"
     why = f"placement {cfg.placement!r} with norm {cfg.norm!r}"
+    if cfg.qk_norm != "none":
+        why += f" and qk_norm {cfg.qk_norm!r}"
     if cfg.placement == "postnorm" and cfg.norm == "layernorm":
         why += f" and norm_eps {cfg.norm_eps:g} (OPT's LayerNorm has eps 1e-5, fixed)"
     return "resnorm_lm", f"transformers has no architecture for {why}: the weights are in resnorm-lm's own names"

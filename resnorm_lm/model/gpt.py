@@ -12,6 +12,7 @@ from torch import nn
 
 from resnorm_lm.model.block import Block
 from resnorm_lm.model.init import INITS
+from resnorm_lm.model.layers import QK_NORMS
 from resnorm_lm.model.loss import linear_cross_entropy
 from resnorm_lm.model.norms import NORM_BACKENDS, NORMS, Norm, build_norm, check_norm_choice
 from resnorm_lm.model.placements import PLACEMENTS
@@ -27,21 +28,23 @@ class GPTConfig:
     n_head: int = 4  # attention heads; must divide n_embd
     n_embd: int = 256  # model width C
     dropout: float = 0.0  # on attention weights, sublayer outputs and embeddings
-    # biases in Linear layers and in the norms that have one (layernorm, dyt, dyt_lnout); rmsnorm, scalenorm and
-    # dyt_llm never have a bias, whatever this says (False: no bias parameters at all)
+    # biases in Linear layers and in the norms that have one (layernorm, dyt, dyt_lnout, derf); rmsnorm, scalenorm,
+    # dyt_llm and dyt_paper never have a bias, whatever this says (False: no bias parameters at all)
     bias: bool = True
-    # layernorm | rmsnorm | scalenorm | dyt | dyt_llm | dyt_lnout | none; a placement without norms (rezero) refuses
-    # any other than the default or none
+    # layernorm | rmsnorm | scalenorm | dyt | dyt_llm | dyt_paper | dyt_rms_readout | dyt_lnout | derf | none; a
+    # placement without norms (rezero) refuses any other than the default or none
     norm: str = "layernorm"
     norm_backend: str = "torch"  # torch | triton
     # inside the square root: (x - mean) / sqrt(var + eps); a norm without one (dyt, dyt_llm, none) refuses another
     # value than the default
     norm_eps: float = 1e-5
     tie_embeddings: bool = True  # the LM head shares the token embedding matrix (False: its own matrix)
+    # none | full | per_head: RMSNorm on the attention's queries and keys (OLMo 2's over all heads; Qwen3's per head)
+    qk_norm: str = "none"
     init: str = "gpt2"  # gpt2 | plain | xavier | xavier_rescaled: how the weights start (resnorm_lm/model/init.py)
     placement: str = (
         "prenorm"  # postnorm | prenorm | sandwich | peri_ln | deepnorm | rezero | rezero_shared | mixln | lns | b2t
-        # | resi_dual | resi_dual_embed | noresidual
+        # | resi_dual | resi_dual_embed | noresidual | olmo2 | hc | mhc | attnres | attnres_block | denseformer
     )
 
     def __post_init__(self) -> None:
@@ -60,6 +63,7 @@ class GPTConfig:
             raise ValueError(f"norm_eps must be > 0, got {self.norm_eps}")
         placement = PLACEMENTS.get(self.placement)
         INITS.get(self.init)
+        QK_NORMS.get(self.qk_norm)
         norm = NORMS.get(self.norm)
         NORM_BACKENDS.get(self.norm_backend)
         self._refuse_settings_nothing_reads(placement, norm)

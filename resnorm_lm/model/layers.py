@@ -1,7 +1,8 @@
-"""The two sublayers of a block: causal self-attention and the MLP.
+"""The two sublayers of a block: causal self-attention and the MLP, and the attention's QK-norm by name.
 
 Each owns its weights' layout and says how its output projection is scaled at init (``scale_output``), so a
-placement's init rule never reaches into a sublayer's fused weights.
+placement's init rule never reaches into a sublayer's fused weights. QK-norm is an option of the attention
+(``model.arch.qk_norm``), orthogonal to the placement: every placement can have it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from resnorm_lm.model.norms import RMSNorm
+from resnorm_lm.registry import Registry
 
 if TYPE_CHECKING:
     from resnorm_lm.model.gpt import GPTConfig
@@ -32,9 +36,61 @@ def use_cpu_sdpa_backend(dtype: torch.dtype, backend: SDPBackend | None) -> None
         CPU_SDPA_BACKENDS[dtype] = backend
 
 
+QK_NORMS: Registry[type[nn.Module]] = Registry("qk_norm")
+
+
+@QK_NORMS.register("none")
+class NoQKNorm(nn.Module):
+    """Queries and keys as projected (GPT-2)."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return q, k
+
+
+@QK_NORMS.register("full")
+class FullWidthQKNorm(nn.Module):
+    """OLMo 2's QK-norm (OLMo et al. 2025, arXiv 2501.00656; allenai/OLMo-core ``use_head_qk_norm=False``): an
+    RMSNorm over the whole query projection and one over the whole key projection, all heads together, before
+    the heads are split::
+
+        q = RMSNorm_q(x W_q),   k = RMSNorm_k(x W_k)      (over C = n_head * head_dim; weights (C,), init 1)
+    """
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.q_norm, self.k_norm = RMSNorm(cfg.n_embd, eps=cfg.norm_eps), RMSNorm(cfg.n_embd, eps=cfg.norm_eps)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.q_norm(q), self.k_norm(k)  # (B, T, C) each
+
+
+@QK_NORMS.register("per_head")
+class PerHeadQKNorm(nn.Module):
+    """QK-norm per head, as Qwen3 and Gemma 3 (and torchtitan's Qwen3) have it: an RMSNorm over each head's
+    query and key, its weight shared by the heads (Dehghani et al. 2023, arXiv 2302.05442, normalise per head)::
+
+        q_h = RMSNorm_q(q_h),   k_h = RMSNorm_k(k_h)      (over head_dim; weights (head_dim,), init 1)
+    """
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.n_head, head_dim = cfg.n_head, cfg.n_embd // cfg.n_head
+        self.q_norm, self.k_norm = RMSNorm(head_dim, eps=cfg.norm_eps), RMSNorm(head_dim, eps=cfg.norm_eps)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        B, T, C = q.shape
+        heads = (B, T, self.n_head, C // self.n_head)
+        q = self.q_norm(q.view(heads)).view(B, T, C)  # normed over each head's (B, T, nh, hs) last dimension
+        return q, self.k_norm(k.view(heads)).view(B, T, C)
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention through ``F.scaled_dot_product_attention`` (on CPU with the backend
-    chosen for the dtype in ``CPU_SDPA_BACKENDS``)."""
+    chosen for the dtype in ``CPU_SDPA_BACKENDS``), with the QK-norm named ``cfg.qk_norm`` on its queries and keys
+    (none by default); the scale stays 1/sqrt(head_dim), as in OLMo 2."""
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
@@ -42,6 +98,7 @@ class CausalSelfAttention(nn.Module):
         self.n_embd = cfg.n_embd
         self.dropout = cfg.dropout
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)  # q, k, v fused: rows [q; k; v]
+        self.qk_norm = QK_NORMS.get(cfg.qk_norm)(cfg)
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
@@ -59,6 +116,7 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)  # 3 x (B, T, C)
+        q, k = self.qk_norm(q, k)  # (B, T, C) each
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
         dropout = self.dropout if self.training else 0.0
         # eager only: a compiled graph keeps Inductor's own choice (and no guard on this process-wide table)

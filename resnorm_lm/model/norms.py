@@ -178,6 +178,79 @@ class DynamicTanhLayerNormReadout(DynamicTanh):
         return cls(dim, eps=eps, bias=bias)
 
 
+@NORMS.register("dyt_paper")
+class DynamicTanhPaper(DynamicTanhLLM):
+    """DyT set up as its paper trains LLaMA, at this model's width (Zhu et al. 2025, arXiv 2503.10622, section 7;
+    jiachenzhu/DyT ``other_tasks/LLaMA``): ``gamma * tanh(alpha * x)``, no bias, a learnable scalar on the
+    embeddings, init sqrt(d) (so the stream starts at RMS ~1, not ~0.03); alpha by width, attention > FFN, the
+    final norm taking the FFN's. Their code gives 0.8/0.2 at width 4096, 0.6/0.15 at 5120, 0.2/0.05 at 8192; the
+    paper's width table gives 1.0/1.0 at its narrowest width, 1024 (its image could not be read here: the value is
+    the issue's and a secondary summary's), which is used at every width up to 1024. The recipe
+    (prenorm-12l-dyt-paper) adds the rest of their setup: no Linear biases and an untied head."""
+
+    ALPHA_BY_WIDTH = ((1024, 1.0, 1.0), (4096, 0.8, 0.2), (5120, 0.6, 0.15), (8192, 0.2, 0.05))  # (width <=, attn, ffn)
+
+    @classmethod
+    def for_role(cls, role: str | None, dim: int, *, eps: float = 1e-5, bias: bool = True) -> Norm:
+        if role not in ("attention", "mlp", "final"):
+            raise ValueError(f"norm {cls.__name__} sets alpha by what each norm feeds (attention, mlp, final)")
+        _, attention, mlp = next((row for row in cls.ALPHA_BY_WIDTH if dim <= row[0]), cls.ALPHA_BY_WIDTH[-1])
+        return cls(dim, eps=eps, alpha_init=attention if role == "attention" else mlp)
+
+
+@NORMS.register("dyt_rms_readout")
+class DynamicTanhRMSReadout(DynamicTanhPaper):
+    """``dyt_paper`` in the blocks, and at the readout a DyT whose alpha is set at every forward pass to 1/RMS of
+    its input (the batch's, not learned): the experiment that asks whether DyT loses a small LM only because the
+    readout's tanh saturates as the stream grows (issue 46, point 3). A diagnostic arm, not a paper's setting."""
+
+    @classmethod
+    def for_role(cls, role: str | None, dim: int, *, eps: float = 1e-5, bias: bool = True) -> Norm:
+        return RMSScaledTanh(dim) if role == "final" else super().for_role(role, dim, eps=eps, bias=bias)
+
+
+class RMSScaledTanh(Norm):
+    """``gamma * tanh(x / RMS(x))``, the RMS over the whole input (B, T, C), treated as a constant: a tanh that
+    cannot saturate because its input grows."""
+
+    has_eps = False
+
+    def __init__(self, dim: int, eps: float = 1e-5, bias: bool = True) -> None:
+        super().__init__(dim, eps, bias)
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        alpha = x.detach().float().square().mean().rsqrt()  # 0-dim: 1 / RMS of the batch's input
+        return (self.weight.float() * torch.tanh(alpha * x.float())).to(x.dtype)
+
+
+@NORMS.register("derf")
+class DynamicErf(Norm):
+    """Derf ``gamma * erf(alpha * x + s) + beta`` (Chen et al. 2025, "Stronger Normalization-Free Transformers",
+    arXiv 2512.10938; zlab-princeton/Derf), scalar alpha and shift s, gamma and beta per channel. As its authors
+    set up GPT-2 (``language model/model_derf.patch``): alpha init 1.0 in every norm (their module's default,
+    0.5, is their ViT's) and a learnable scalar, init sqrt(d), on the token + position embeddings. No
+    statistics, so no eps."""
+
+    has_eps = False
+
+    def __init__(self, dim: int, eps: float = 1e-5, bias: bool = True, alpha_init: float = 1.0) -> None:
+        super().__init__(dim, eps, bias)
+        self.alpha = nn.Parameter(torch.tensor(alpha_init))
+        self.shift = nn.Parameter(torch.tensor(0.0))
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+
+    @classmethod
+    def input_scale(cls, dim: int) -> nn.Module:
+        return LearnedScalar(math.sqrt(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.weight.float() * torch.erf(self.alpha.float() * x.float() + self.shift.float())  # fp32, as DyT
+        y = y + self.bias.float() if self.bias is not None else y
+        return y.to(x.dtype)
+
+
 class LearnedScalar(nn.Module):
     """``g * x`` with one learnable scalar g."""
 

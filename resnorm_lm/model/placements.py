@@ -108,6 +108,30 @@ class PeriLN(Sandwich):
         return ResidualStream(cfg, blocks, final_norm=make_norm(role="final"), embed_norm=make_norm())
 
 
+@PLACEMENTS.register("olmo2")
+class ReorderedNorm(Block):
+    """OLMo 2's reordered norm (OLMo et al. 2025, arXiv 2501.00656, eqs. 1-2; allenai/OLMo-core
+    ``ReorderedNormTransformerBlock``): the norm on each sublayer's output, none on its input::
+
+        x = x + LN(F(x))
+
+        x ──┬──> F ──> LN ──(+)──>
+            └──────────────────┘
+
+    The sublayers read the raw stream. A final LN before the LM head (OLMo-core's ``LMHead`` has one). OLMo 2
+    pairs it with RMSNorm and QK-norm over all heads (``qk_norm: full``), which the paper says work together
+    (section 3.3.2): recipe olmo2-12l.
+    """
+
+    def __init__(self, cfg, layer: int, make_norm: MakeNorm) -> None:
+        super().__init__(cfg, layer, make_norm)
+        self.attn_norm, self.mlp_norm = make_norm(), make_norm()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn_norm(self.attn(x))  # x = x + LN(Attn(x))
+        return x + self.mlp_norm(self.mlp(x))  # x = x + LN(MLP(x))
+
+
 @PLACEMENTS.register("deepnorm")
 class DeepNorm(NormedStream, Block):
     """DeepNorm (DeepNet: Wang et al. 2022, arXiv 2203.00555), decoder-only constants::
@@ -278,6 +302,10 @@ class DualStream(ResidualStream):
     def residual(stream: Stream) -> torch.Tensor:
         return stream[1]  # the un-normed dual stream: x is renormalized after every sublayer
 
+    @staticmethod
+    def block_input(stream: Stream) -> torch.Tensor:
+        return stream[0]  # the post-norm stream x: what the sublayers read
+
 
 class DualStreamFromEmbeddings(DualStream):
     dual_from_embeddings = True
@@ -349,3 +377,7 @@ class NoResidual(NormedStream, Block):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.mlp_norm(self.mlp(self.attn_norm(self.attn(x))))  # x = LN(MLP(LN(Attn(x))))
+
+
+# The designs whose stream is more than one tensor, each in a module of its own that registers its placements here
+from resnorm_lm.model import depth_attention, hyper_connections  # noqa: E402, F401

@@ -17,6 +17,8 @@ CLIP_BOUND = "clip/bound"  # 1 where this step's clip bound (torch's rule)
 CLIP_FRACTION = "clip/fraction"  # the fraction of the steps before this one whose clip bound
 GRAD_NORMS = "grad_norm/layer_"  # + the block's index (2 digits): the gradient norm of its matrices, before clipping
 STREAM_RMS = "stream_rms/layer_"  # + the block's index: the RMS of the residual stream leaving it
+READOUT_MEAN_RMS = "readout/mean_rms"  # the RMS of the final norm's input's mean over the batch's tokens (C,)
+READOUT_REST_RMS = "readout/rest_rms"  # the RMS of what is left of that input when its mean is taken away
 
 
 def block_column(prefix: str, block: int) -> str:
@@ -141,3 +143,31 @@ class ClipRecord:
         counts = state.get("counts")
         self.counts = None if counts is None else torch.tensor(counts, dtype=torch.long)
         self.max_norm = state.get("max_norm")
+
+
+class ReadoutMean:
+    """The final norm's input split into its token-constant part (its mean over every token of the batch, (C,))
+    and the rest, the RMS of each, read by a forward pre-hook on the final norm in the forward passes run while
+    ``active``. A stream whose growth is all in a mean that every token shares (the residual biases pushed the
+    same way by the unigram gradient) saturates a tanh readout (DyT's) while carrying nothing that tells tokens
+    apart: the two numbers say which way a stream grew."""
+
+    def __init__(self, model: GPT) -> None:
+        self.active = False
+        self.values: list[torch.Tensor] = []  # (2,) fp32 per forward pass: [mean's RMS, rest's RMS]
+        model.stream.final_norm.register_forward_pre_hook(self._record)
+
+    def _record(self, module: nn.Module, args: tuple) -> None:
+        if self.active:
+            x = args[0].detach().float()  # (B, T, C)
+            mean = x.mean(dim=(0, 1))  # (C,): what every token shares
+            rest = x - mean  # (B, T, C)
+            self.values.append(torch.stack([mean.square().mean().sqrt(), rest.square().mean().sqrt()]))
+
+    def take(self) -> dict[str, torch.Tensor]:
+        """The two RMS values averaged over the forward passes recorded since the last take, by column."""
+        values, self.values = self.values, []
+        if not values:
+            return {}
+        mean_rms, rest_rms = torch.stack(values).mean(0).unbind()
+        return {READOUT_MEAN_RMS: mean_rms, READOUT_REST_RMS: rest_rms}

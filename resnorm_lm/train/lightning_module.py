@@ -26,6 +26,7 @@ from resnorm_lm.train.diagnostics import (
     TRAIN_LOSS,
     TRAIN_SECONDS,
     ClipRecord,
+    ReadoutMean,
     StreamRMS,
     block_column,
     grad_norms,
@@ -141,6 +142,7 @@ class LanguageModel(L.LightningModule):
         if init_from is not None:
             self.model.load_state_dict(exported_weights(init_from, self.arch))
         self.stream_rms = StreamRMS(self.model)  # read in the training forward of logging steps
+        self.readout_mean = ReadoutMean(self.model)  # likewise
         self.train_seconds_before = 0.0  # wall time of earlier segments of a resumed run
         self.tokens_seen: int | None = 0  # training tokens consumed on all ranks (None: resumed from an old file)
         self.schedule_steps: int | None = None  # the max_steps of the LR schedule: a resumed run keeps its own
@@ -156,9 +158,9 @@ class LanguageModel(L.LightningModule):
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch  # (B, T) each
-        self.stream_rms.active = self._logs_diagnostics()
+        self.stream_rms.active = self.readout_mean.active = self._logs_diagnostics()
         _, loss = self.model(x, y)
-        self.stream_rms.active = False
+        self.stream_rms.active = self.readout_mean.active = False
         self.losses.add(loss)
         # never None (Lightning refuses that under DDP): a bad step is skipped whole at its optimizer step
         if ends_optimizer_step(self.trainer, batch_idx):
@@ -213,6 +215,9 @@ class LanguageModel(L.LightningModule):
         stream = self.stream_rms.take()  # this step's forward passes
         if stream:
             metrics.update({block_column(STREAM_RMS, i): r for i, r in enumerate(torch.stack(stream).tolist())})
+        measured = {**self.readout_mean.take(), **self.model.stream.diagnostics()}  # 0-dim tensors by column
+        if measured:
+            metrics.update(zip(measured, torch.stack([v.float() for v in measured.values()]).tolist(), strict=True))
         self.log_dict(metrics, on_step=True, on_epoch=False)
 
     def configure_optimizers(self):

@@ -69,15 +69,17 @@ class OptimConfig:
 
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Decay the matrices of linear layers and the token embedding (tied to the LM head);
-    not norms, biases, scalars (ReZero gates, DyT alpha) or the position table, whose
-    rows for late positions are rarely updated early in training."""
+    not norms, biases, scalars (ReZero gates, DyT alpha), the position table, whose
+    rows for late positions are rarely updated early in training, or the static parts of
+    hyper-connections (``static_*``: their paper, arXiv 2409.19606 section 4, decays only the dynamic ones)."""
     decay, no_decay = [], []
     seen: set[int] = set()
     for name, p in model.named_parameters():
         if id(p) in seen or not p.requires_grad:
             continue
         seen.add(id(p))
-        is_matrix = p.ndim >= 2 and "wpe" not in name.split(".")
+        parts = name.split(".")
+        is_matrix = p.ndim >= 2 and "wpe" not in parts and not parts[-1].startswith("static_")
         (decay if is_matrix else no_decay).append(p)
     return [
         {"params": decay, "weight_decay": weight_decay},
