@@ -24,12 +24,11 @@ os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch  # noqa: E402
-import yaml  # noqa: E402
 
 from resnorm_lm.model.gpt import GPT, GPTConfig  # noqa: E402
 from resnorm_lm.model.placements import PLACEMENTS  # noqa: E402
 from resnorm_lm.train.arithmetic import fingerprint  # noqa: E402
-from resnorm_lm.train.recipes import RECIPES_DIR, available_recipes  # noqa: E402
+from resnorm_lm.train.recipes import available_recipes, recipe_arch  # noqa: E402
 
 HERE = Path(__file__).resolve().parent / "fixtures" / "numbers"
 TINY = {"vocab_size": 61, "block_size": 12, "n_layer": 4, "n_head": 2, "n_embd": 16}
@@ -45,19 +44,6 @@ def tokens() -> torch.Tensor:
     return torch.randint(TINY["vocab_size"], (BATCH, TINY["block_size"]), generator=torch.Generator().manual_seed(1))
 
 
-def recipe_arch(recipe: str, profile: str = "smoke") -> GPTConfig:
-    """The architecture ``fit --recipe <recipe> --profile <profile>`` builds, from the YAML files in the CLI's order
-    (profile, recipe, tuned overlay), with the data's vocabulary and context."""
-    merged: dict = {}
-    files = [RECIPES_DIR / "profiles" / f"{profile}.yaml", RECIPES_DIR / f"{recipe}.yaml"]
-    for path in files:
-        config = yaml.safe_load(path.read_text()) or {}
-        merged.update(((config.get("model") or {}).get("arch")) or {})
-        data = config.get("data") or {}
-        merged.update({k: data[k] for k in ("vocab_size", "block_size") if k in data})
-    return GPTConfig(**merged)
-
-
 def record() -> None:
     (HERE / "checkpoints").mkdir(parents=True, exist_ok=True)
     for placement in PLACEMENTS.names():
@@ -69,7 +55,7 @@ def record() -> None:
             {"state_dict": model.state_dict(), "ids": ids, "logits": logits}, HERE / "checkpoints" / f"{placement}.pt"
         )
     cpu = torch.device("cpu")
-    prints = {r: fingerprint(recipe_arch(r), 4, cpu, "32-true") for r in available_recipes()}
+    prints = {r: fingerprint(recipe_arch(r, "smoke"), 4, cpu, "32-true") for r in available_recipes()}
     references = {p["reference"] for p in prints.values()}
     assert len(references) == 1, references  # one machine, one environment: one reference
     record = {

@@ -11,8 +11,8 @@ import torch
 
 from resnorm_lm.model.placements import PLACEMENTS
 from resnorm_lm.train.arithmetic import fingerprint
-from resnorm_lm.train.recipes import available_recipes
-from tests.recorded_numbers import GPT, HERE, TINY, GPTConfig, recipe_arch
+from resnorm_lm.train.recipes import available_recipes, recipe_arch
+from tests.recorded_numbers import GPT, HERE, TINY, GPTConfig
 
 RECORDED = json.loads((HERE / "fingerprints.json").read_text())
 
@@ -35,7 +35,7 @@ def test_every_recipe_was_recorded():
 
 def test_every_recipes_first_steps_are_bit_identical_to_the_recorded_ones():
     cpu = torch.device("cpu")
-    here = fingerprint(recipe_arch("prenorm-12l"), 4, cpu, "32-true")["reference"]
+    here = fingerprint(recipe_arch("prenorm-12l", "smoke"), 4, cpu, "32-true")["reference"]
     if here != RECORDED["reference"]:
         recorded = f"{RECORDED['reference']}, {RECORDED['cpu_capability']} kernels"
         pytest.skip(
@@ -45,6 +45,6 @@ def test_every_recipes_first_steps_are_bit_identical_to_the_recorded_ones():
     changed = {
         r: (RECORDED["models"][r], p)
         for r in available_recipes()
-        if (p := fingerprint(recipe_arch(r), 4, cpu, "32-true")["model"]) != RECORDED["models"][r]
+        if (p := fingerprint(recipe_arch(r, "smoke"), 4, cpu, "32-true")["model"]) != RECORDED["models"][r]
     }
     assert not changed, f"recipes whose numbers changed (recorded, now): {changed}"

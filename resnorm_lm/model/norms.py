@@ -182,10 +182,10 @@ class DynamicTanhLayerNormReadout(DynamicTanh):
 class DynamicTanhPaper(DynamicTanhLLM):
     """DyT set up as its paper trains LLaMA, at this model's width (Zhu et al. 2025, arXiv 2503.10622, section 7;
     jiachenzhu/DyT ``other_tasks/LLaMA``): ``gamma * tanh(alpha * x)``, no bias, a learnable scalar on the
-    embeddings, init sqrt(d) (so the stream starts at RMS ~1, not ~0.03); alpha by width, attention > FFN, the
-    final norm taking the FFN's. Their code gives 0.8/0.2 at width 4096, 0.6/0.15 at 5120, 0.2/0.05 at 8192; the
-    paper's width table gives 1.0/1.0 at its narrowest width, 1024 (its image could not be read here: the value is
-    the issue's and a secondary summary's), which is used at every width up to 1024. The recipe
+    embeddings, init sqrt(d) (at width 128 under GPT-2's init the stream starts at RMS 0.32, not 0.028); alpha by
+    width, attention > FFN, the final norm taking the FFN's. Their code gives 0.8/0.2 at width 4096, 0.6/0.15 at
+    5120, 0.2/0.05 at 8192; the paper's width table gives 1.0/1.0 at its narrowest width, 1024 (its image could not
+    be read here: the value is that of secondary summaries), which is used at every width up to 1024. The recipe
     (prenorm-12l-dyt-paper) adds the rest of their setup: no Linear biases and an untied head."""
 
     ALPHA_BY_WIDTH = ((1024, 1.0, 1.0), (4096, 0.8, 0.2), (5120, 0.6, 0.15), (8192, 0.2, 0.05))  # (width <=, attn, ffn)
@@ -202,7 +202,7 @@ class DynamicTanhPaper(DynamicTanhLLM):
 class DynamicTanhRMSReadout(DynamicTanhPaper):
     """``dyt_paper`` in the blocks, and at the readout a DyT whose alpha is set at every forward pass to 1/RMS of
     its input (the batch's, not learned): the experiment that asks whether DyT loses a small LM only because the
-    readout's tanh saturates as the stream grows (issue 46, point 3). A diagnostic arm, not a paper's setting."""
+    readout's tanh saturates as the stream grows (docs/designs.md). A diagnostic arm, not a paper's setting."""
 
     @classmethod
     def for_role(cls, role: str | None, dim: int, *, eps: float = 1e-5, bias: bool = True) -> Norm:

@@ -140,17 +140,33 @@ def tuned_overlay(
 def recipe_depth(recipe: str, profile: str, root: Path = RECIPES_DIR) -> int:
     """The number of blocks ``fit --recipe <recipe> --profile <profile>`` builds: ``model.arch.n_layer`` of
     the tuned overlay, else of the recipe, else of the profile, else the model's default (the CLI's order)."""
-    import yaml
-
     from resnorm_lm.model.gpt import GPTConfig
 
-    depth = GPTConfig.n_layer
+    return int(arch_settings(recipe, profile, root).get("n_layer", GPTConfig.n_layer))
+
+
+def recipe_arch(recipe: str, profile: str, root: Path = RECIPES_DIR):
+    """The ``GPTConfig`` that ``fit --recipe <recipe> --profile <profile>`` builds, with the data's vocabulary and
+    context (for a model built without the data: benchmarks, recorded numbers)."""
+    from resnorm_lm.model.gpt import GPTConfig
+
+    return GPTConfig(**arch_settings(recipe, profile, root))
+
+
+def arch_settings(recipe: str, profile: str, root: Path = RECIPES_DIR) -> dict:
+    """``model.arch`` merged from the profile, the recipe and its tuned overlay (the CLI's order), with the data's
+    ``vocab_size`` and ``block_size``."""
+    import yaml
+
+    merged: dict = {}
     tuned, _ = tuned_setting(recipe, profile, root)
     for path in (root / "profiles" / f"{profile}.yaml", recipe_path(recipe, root), tuned):
         if path is not None:
-            arch = ((yaml.safe_load(path.read_text()) or {}).get("model") or {}).get("arch") or {}
-            depth = arch.get("n_layer", depth)
-    return int(depth)
+            config = yaml.safe_load(path.read_text()) or {}
+            merged.update(((config.get("model") or {}).get("arch")) or {})
+            data = config.get("data") or {}
+            merged.update({k: data[k] for k in ("vocab_size", "block_size") if k in data})
+    return merged
 
 
 def recipe_at_depth(recipe: str, n_layer: int) -> str:
