@@ -203,6 +203,26 @@ def test_the_table_counts_a_stuck_seed_apart_and_pairs_the_rest_by_seed(tmp_path
     assert len(selection) == 16 and all(r["seed"] == 0 for r in selection)
 
 
+def test_a_suite_under_way_renders_its_figures_with_the_recipes_not_yet_run_marked(tmp_path, recipes):
+    """Part of the way through (a's grid run, b's not started), the report and both figures are written; b's
+    panel says it has no runs instead of failing on an empty log axis."""
+    from resnorm_lm.analysis.suite_report import plot_lr_panels, plot_paired_differences
+
+    suite = load(str(suite_file(tmp_path)))
+    design = TunedBudget(suite)
+    outcomes = {
+        spec: fake_run(tmp_path / "runs", spec, bowl(0.002)(spec.setting, spec.seed))
+        for spec in outcomes_for(design, "a-12l", bowl(0.002))
+    }
+    report = TunedReport(suite, design, outcomes, str(tmp_path / "runs"), UNIGRAM)
+    rows = report.rows()
+    assert {r["recipe"]: r["runs"] for r in rows} == {"a-12l": 15, "b-12l": 0}
+    panels = plot_lr_panels(report, rows, tmp_path)
+    assert panels.stat().st_size > 0
+    forest = plot_paired_differences(report, rows, tmp_path)  # b has nothing to pair: drawn without it, or not at all
+    assert forest is None or forest.stat().st_size > 0
+
+
 def test_runs_of_different_arithmetic_are_refused_in_one_table_unless_marked(tmp_path):
     specs = [RunSpec("a-12l", Setting(1e-3, 0.1), k) for k in (1, 2)] + [RunSpec("b-12l", Setting(1e-3, 0.1), 1)]
     dirs = []

@@ -480,6 +480,10 @@ def plot_lr_panels(report: TunedReport, rows: list[dict], out_dir: Path) -> Path
     bottom = min(finite, default=report.unigram - 1.5) - 0.1
     for ax, recipe in zip(axes, recipes):
         sel = report.selections[recipe]
+        ax.set_title(recipe, fontsize=9)
+        if not sel.scores:  # a suite under way: this recipe's grid has not run yet
+            ax.text(0.5, 0.5, "no runs yet", transform=ax.transAxes, ha="center", fontsize=8, color="gray")
+            continue
         for warmup, style in zip(report.design.warmups, ("o-", "s--", "^:", "d-.")):
             points = sorted((s.lr, v) for s, v in sel.scores.items() if s.warmup == warmup)
             xs = [lr for lr, _ in points]
@@ -501,7 +505,6 @@ def plot_lr_panels(report: TunedReport, rows: list[dict], out_dir: Path) -> Path
         ax.axhline(report.unigram, ls="--", lw=0.8, color="gray")
         ax.set_xscale("log")
         ax.set_ylim(bottom, top + 0.05)
-        ax.set_title(recipe, fontsize=9)
         ax.tick_params(labelsize=7)
     axes[0].set_ylabel("val loss (nats)")
     fig.suptitle("LR sensitivity: selection seed (lines), pick over fresh seeds (star, 95% interval)", fontsize=9)
