@@ -73,10 +73,9 @@ UNCHECKED = [
     Unchecked(SETTING, "docs/designs.md", "RMS of about 0.3 instead of 0.03", "the stream's RMS at init, arithmetic"),
     Unchecked(SETTING, "docs/designs.md", "shapes, 0.318 against 0.028", "the stream's RMS at init, a probe's"),
     # measured, quoted, and the files not kept
-    Unchecked(UNFILED, "README.md", "`val_bpb=2.3338`", "a fresh clone's run on the Xeon, commit 18aba0f"),
-    Unchecked(UNFILED, "README.md", "`val_bpb=2.3381`", "a fresh clone's run on the Xeon, commit 9d1143e"),
-    Unchecked(UNFILED, "README.md", "0.009 nats of val loss from the row above", "the two fresh clones' runs"),
-    Unchecked(UNFILED, "README.md", "most 0.0011 nats", "the evaluation-precision probe's runs (EPYC)"),
+    Unchecked(UNFILED, "docs/training.md", "`val_bpb=2.3338`", "a fresh clone's run on the Xeon, commit 18aba0f"),
+    Unchecked(UNFILED, "docs/training.md", "`val_bpb=2.3381`", "a fresh clone's run on the Xeon, commit 9d1143e"),
+    Unchecked(UNFILED, "docs/training.md", "0.009 nats of val loss from the row above", "the two fresh clones' runs"),
     Unchecked(UNFILED, "docs/results.md", "| 6.3864 | +0.00020 | +0.00006 |", "the evaluation-precision probe"),
     Unchecked(UNFILED, "docs/results.md", "| 7.0044 | +0.00109 | +0.00107 |", "the evaluation-precision probe"),
     Unchecked(UNFILED, "docs/results.md", "| 5.5051 | +0.00005 | +0.00005 |", "the evaluation-precision probe"),
