@@ -599,3 +599,33 @@ def test_resume_on_different_data_is_refused(baseline, tmp_path, capsys):
     other = write_corpus(tmp_path / "other", seed=7)
     code = run_cli(smoke_args(other, f"--run.root={root}", "--ckpt_path=last"))
     assert code == 2 and "different data or tokenizer" in capsys.readouterr().err
+
+
+def test_the_lr_figure_has_a_panel_per_recipe_with_the_seeds_spread(tmp_path, monkeypatch):
+    """One small panel per recipe on a shared loss axis, a line per warmup with the seeds' std as error bars, the
+    warmups' legend once for the figure (not over any panel's data)."""
+    import matplotlib.pyplot as plt
+
+    from resnorm_lm.analysis import plots
+
+    closed = []
+    monkeypatch.setattr(plots.plt, "close", lambda fig: closed.append(fig))
+    grid = [
+        {"recipe": r, "lr": lr, "warmup": w, "val_loss_mean": 5.0 + lr, "val_loss_std": 0.01 * (1 + i),
+         "n_diverged": 0, "status": "ok", "chosen": lr == 2e-3 and w == 0.25}
+        for i, r in enumerate(("prenorm-12l", "postnorm-12l", "lns-12l"))
+        for lr in (1e-3, 2e-3, 4e-3)
+        for w in (0.25, 0.5)
+    ]  # fmt: skip
+    plots.plot_lr_sensitivity(grid, 6.4, tmp_path)
+    fig = closed[0]
+    axes = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in axes] == ["prenorm-12l", "postnorm-12l", "lns-12l"]
+    for i, ax in enumerate(axes):
+        bars = [c for c in ax.containers if c.has_yerr]
+        assert len(bars) == 2  # a line per warmup
+        segments = bars[0].lines[2][0].get_segments()  # the error bars: mean -/+ std
+        assert [round(s[1][1] - s[0][1], 6) for s in segments] == [round(0.02 * (1 + i), 6)] * 3
+        assert ax.get_legend() is None
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["warmup 0.25", "warmup 0.5"]
+    plt.close(fig)

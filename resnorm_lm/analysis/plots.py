@@ -120,64 +120,68 @@ def plot_first_and_last(
 
 
 def plot_lr_sensitivity(grid: list[dict], unigram: float | None, out_dir: Path) -> Path:
-    """Final validation loss against peak LR (log axis): a line per recipe and warmup, the unigram level dashed.
+    """Final validation loss against peak LR (log axis), one small panel per recipe on a shared loss axis: a line
+    per warmup, each point the mean over its seeds with their standard deviation as an error bar where it has
+    several, the chosen setting a star, the unigram level dashed; the legend of the warmups once, below the panels.
 
     ``grid`` rows: recipe, lr, warmup, val_loss_mean (over the seeds that did not diverge; None where none
-    did), n_diverged, status, chosen. A setting where any seed diverged is drawn as a cross at the top of
-    the axes, not dropped.
+    did), val_loss_std, n_diverged, status, chosen. A setting where any seed diverged is drawn as a cross at the
+    top of its panel, not dropped.
     """
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=90)
+    recipes = list(dict.fromkeys(g["recipe"] for g in grid))  # in the order compare lists them
+    fig, axes = panels(len(recipes), ncols=min(5, len(recipes)), width=2.9, height=2.4, sharey=True, sharex=True)
     warmups = sorted({g["warmup"] for g in grid if g["warmup"] is not None})
-    styles = dict(zip(warmups, ["-", "--", ":", "-."] * 4))
+    styles = dict(zip(warmups, ["o-", "s--", "^:", "d-."] * 4))
     finite = [g["val_loss_mean"] for g in grid if g["val_loss_mean"] is not None]
     top = max(finite + ([unigram] if unigram else [])) + 0.2 if finite else 1.0
-    colors = recipe_colors(g["recipe"] for g in grid)
-    for recipe, color in colors.items():
+    for ax, recipe in zip(axes, recipes):
         for warmup in sorted({g["warmup"] for g in grid if g["recipe"] == recipe}, key=lambda w: (w is None, w)):
             rows = sorted(
                 (g for g in grid if g["recipe"] == recipe and g["warmup"] == warmup and g["lr"] is not None),
                 key=lambda g: g["lr"],
             )
             ok = [g for g in rows if g["val_loss_mean"] is not None and not g.get("n_diverged")]
-            label = recipe if len(warmups) < 2 else f"{recipe}, warmup {warmup}"
-            ax.plot(
+            style = styles.get(warmup, "o-")
+            ax.errorbar(
                 [g["lr"] for g in ok],
                 [g["val_loss_mean"] for g in ok],
-                marker="o",
-                ms=4,
-                color=color,
-                ls=styles.get(warmup, "-"),
-                label=label,
+                yerr=[g.get("val_loss_std") or 0.0 for g in ok],
+                fmt=style,
+                ms=3,
+                lw=1,
+                capsize=2,
+                color=f"C{warmups.index(warmup) % 10}" if warmup in warmups else "C0",
+                label=f"warmup {warmup:g}" if len(warmups) > 1 else None,
             )
             chosen = [g for g in ok if g["chosen"]]
-            ax.plot(
-                [g["lr"] for g in chosen],
-                [g["val_loss_mean"] for g in chosen],
-                marker="*",
-                ms=12,
-                color=color,
-                ls="none",
-            )
+            ax.plot([g["lr"] for g in chosen], [g["val_loss_mean"] for g in chosen], "k*", ms=9, ls="none")
             bad = [g for g in rows if g not in ok]  # a seed diverged: the setting does not train every time
-            ax.plot([g["lr"] for g in bad], [top] * len(bad), marker="x", ms=8, color=color, ls="none")
-    if unigram is not None:
-        ax.axhline(unigram, color="gray", ls="--", lw=1)
-        ax.text(
-            0.01,
-            unigram,
-            "unigram (not learning above)",
-            va="bottom",
-            fontsize=7,
-            color="gray",
-            transform=ax.get_yaxis_transform(),
-        )  # x in axes fraction: stays in view on a log axis
-    ax.set(
-        xscale="log",
-        xlabel="peak learning rate",
-        ylabel="final validation loss (nats/token)",
-        title="LR sensitivity (star: chosen setting; x: a seed diverged)",
+            ax.plot([g["lr"] for g in bad], [top] * len(bad), "rx", ms=6, ls="none")
+        if unigram is not None:
+            ax.axhline(unigram, color="gray", ls="--", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_title(recipe, fontsize=8)
+        ax.tick_params(labelsize=7)
+    axes[0].set_ylabel("final val loss (nats)", fontsize=8)
+    fig.suptitle(
+        "LR sensitivity: mean ± seed std; star: chosen; x: a seed diverged; dashed: unigram (not learning above)",
+        fontsize=8,
     )
-    return save_figure(fig, (ax,), (ax,), out_dir / "lr_sensitivity.png")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    legend = {}  # every warmup once, from whichever panel has it
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    handles, labels = list(legend.values()), sorted(legend, key=lambda text: float(text.split()[-1]))
+    handles = [legend[label] for label in labels]
+    if labels:
+        fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.06 if labels else 0, 1, 0.95))
+    path = out_dir / "lr_sensitivity.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return path
 
 
 def plot_clipping(grid: list[dict], out_dir: Path) -> Path:
