@@ -7,6 +7,7 @@
     bash benchmarks/gpu_session.sh placements profile
     bash benchmarks/gpu_session.sh training
     bash benchmarks/gpu_session.sh depth -- --recipes ... --depths 48 --lrs ...    # rounds, as long as time lasts
+    bash benchmarks/gpu_session.sh suite -- placements-12l [--jobs N]              # chunks, as long as time lasts
     bash benchmarks/gpu_session.sh --dry-run quick kernels ...  # on a CPU: every stage's plumbing, tiny sizes
 
 The GPU machine (torch, triton and lightning preinstalled, no network) gets the wheels it lacks (.whl/), the data
@@ -29,6 +30,11 @@ Stages (GPU unless said):
               machine), renders the tables, measures the layer contribution while the checkpoints are there,
               and brings back every finished run's small files (depth-runs-*.tar.gz: put them in .devseed/ for
               the next round on a fresh machine)
+  suite       one chunk of a pre-registered suite (`python -m resnorm_lm suite NAME`, recipes/suites/NAME.yaml):
+              its runs in <runs root>/suites/NAME (a root of their own: GPU runs never share a table with CPU
+              runs), fp32 with TF32 off, on the GPU, --jobs (default 12) at a time; stopped by its budget and
+              resumed as depth is; renders the table and brings back every finished run's small files
+              (suite-NAME-runs-*.tar.gz: put them in .devseed/ for the next chunk on a fresh machine)
 
 Output: $OUT/<stage>/ (OUT: the device tool's output folder; ./gpu-out otherwise) holds each stage's results
 and log.txt, flat; $OUT/session.txt the device, versions and every step's status. Files beyond the 8 that come
@@ -63,9 +69,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import device_files, run_files  # noqa: E402
+from resnorm_lm.train.precision import TF32_ENV  # noqa: E402
+from resnorm_lm.train.recipes import RECIPES_DIR  # noqa: E402
 from resnorm_lm.train.runs import RunDir  # noqa: E402
 
-DEVICE_STAGES = ("quick", "check", "kernels", "training", "placements", "e2e", "profile", "depth")
+DEVICE_STAGES = ("quick", "check", "kernels", "training", "placements", "e2e", "profile", "depth", "suite")
 # expected seconds of each stage on an H100: an invocation's time is shared among its stages by these
 WEIGHTS = {
     "quick": 300,
@@ -76,6 +84,7 @@ WEIGHTS = {
     "e2e": 240,
     "profile": 240,
     "depth": 570,
+    "suite": 540,  # alone: one chunk in one command of at most 9 minutes
 }
 KERNEL_WIDTHS = [768, 1024, 2048, 4096, 8192]
 WHEELS = [
@@ -93,6 +102,19 @@ DEPTH_TRAIN_ARGS = [
     "--trainer.enable_progress_bar=false",
 ]
 DEPTH_RESERVE_S = 150  # of a depth round: rendering the tables, the layer contribution and packing the runs
+SUITE_TRAIN_ARGS = ["--trainer.accelerator=gpu", "--trainer.enable_progress_bar=false"]  # the machine's, not the
+# protocol's (suite refuses those): precision, horizon and the rest are the suite file's
+SUITE_RESERVE_S = 120  # of a suite chunk: the stopped runs saving, the table (the picks' test split), packing
+# the dry run's suite: two smoke runs of 4 steps, one seed each (a tuned budget needs at least 3 LRs a recipe)
+DRY_SUITE = """about: the suite stage's dry run
+design: seeds
+profile: smoke
+recipes: [prenorm-12l, postnorm-12l]
+reference: prenorm-12l
+arithmetic: native
+train: {trainer.max_steps: 4}
+pilot: {settings: {prenorm-12l: {lr: 0.003, warmup: 0.25}, postnorm-12l: {lr: 0.001, warmup: 0.25}}, seeds: [1]}
+"""
 CONTRIBUTION_TOKENS = 16_384  # compare's --contribution-tokens default (resnorm_lm.analysis.layer_contribution)
 PUBLISH_RESERVE_S = 10  # kept back from the stages: laying out $OUT
 MIN_STEP_S = 15  # a step with less time than this is skipped (a child needs seconds to import torch)
@@ -100,7 +122,7 @@ MIN_STEP_S = 15  # a step with less time than this is skipped (a child needs sec
 HEADLINES = re.compile(
     r"lightning_vs_bare_ratio|MFU|^(lightning|bare) +(true|false) |layernorm +yes +bfloat16 +768 |"
     r"^  \w+ +(torch|triton) +compile=|\b\d+ (passed|failed|errors?)\b|^RESULT |^compare: (grid|seeds)|"
-    r"^layer contribution: measured|^step .* tokens/s|no CUDA|time budget"
+    r"^layer contribution: measured|^step .* tokens/s|no CUDA|time budget|^suite [\w.-]+: (complete|PARTIAL)"
 )
 HEADLINES_PER_STAGE = 60
 
@@ -136,7 +158,8 @@ class Session:
     seed_dir: Path
     e2e_steps: int
     kernel_widths: list[int]
-    compare_args: list[str]
+    compare_args: list[str]  # after --, for depth
+    suite_args: list[str] = field(default_factory=list)  # after --, for suite
     py: str = sys.executable
     env: dict = field(default_factory=lambda: dict(os.environ))
     cuda: bool = False
@@ -479,13 +502,8 @@ def stage_depth(s: Session, d: Path, budget: Budget) -> list[tuple[str, Path]]:
     tokens = (
         int(args[args.index("--contribution-tokens") + 1]) if "--contribution-tokens" in args else CONTRIBUTION_TOKENS
     )
-    s.runs_root.mkdir(parents=True, exist_ok=True)
-    seeds = sorted(s.seed_dir.glob("*.tar.gz"))
-    added, kept = run_files.unpack_runs(seeds, s.runs_root)
-    s.say(
-        f"=== depth: {added} finished run(s) unpacked from {len(seeds)} tarball(s) in {s.seed_dir} into "
-        f"{s.runs_root}; {kept} already there (kept)"
-    )
+    seeds = [p for p in sorted(s.seed_dir.glob("*.tar.gz")) if not p.name.startswith("suite-")]  # suite's own
+    unpack_seed_runs(s, "depth", seeds, s.runs_root)
     compare = [s.py, "-m", "resnorm_lm", "compare", *args]
     reserve = min(DEPTH_RESERVE_S, 0.4 * budget.left())
     sweep = s.step("depth", "sweep", compare, budget.left() - reserve, grace_s=60)
@@ -508,15 +526,7 @@ def stage_depth(s: Session, d: Path, budget: Budget) -> list[tuple[str, Path]]:
             budget.left() - 15,
             grace_s=10,
         )
-    for run_dir in run_files.failed_runs(s.runs_root):
-        log = run_files.tail(run_dir / "train.log")
-        s.say(f"=== depth: {run_dir} ended in an error; the end of its train.log:\n{log}")
-    parts = run_files.pack_runs(s.runs_root, d, "depth-runs")
-    n_runs = len(run_files.finished_runs(s.runs_root))
-    s.say(
-        f"=== depth: {n_runs} finished run(s), their small files in {', '.join(p.name for p in parts) or 'nothing'}"
-        " (no checkpoint): put them in .devseed/ for the next round"
-    )
+    parts = pack_finished_runs(s, "depth", s.runs_root, d, "depth-runs")
     results = d / "results" / profile
     if results.is_dir():
         with tarfile.open(d / "results.tar.gz", "w:gz") as tar:
@@ -582,6 +592,84 @@ def compare_arguments(s: Session) -> list[str]:
     ]
 
 
+def stage_suite(s: Session, d: Path, budget: Budget) -> list[tuple[str, Path]]:
+    suite, jobs = suite_arguments(s)
+    if suite is None:  # the dry run's own tiny suite
+        suite = str(s.scratch / "dry-suite.yaml")
+        Path(suite).write_text(DRY_SUITE)
+    name = Path(suite).stem
+    root = s.runs_root / "suites" / name
+    unpack_seed_runs(s, "suite", sorted(s.seed_dir.glob(f"suite-{name}-runs*.tar.gz")), root)
+    machine = SUITE_TRAIN_ARGS
+    if s.dry:
+        machine = [
+            "--trainer.accelerator=cpu",
+            *SUITE_TRAIN_ARGS[1:],
+            "--data.corpus=text",
+            f"--data.files=[{s.corpus}]",
+        ]
+    argv = [s.py, "-m", "resnorm_lm", "suite", suite, "--root", str(root), "--results", str(d / "results")]
+    argv += ["--jobs", str(jobs), "--train-args", " ".join(machine)]
+    fp32 = {TF32_ENV: "off"}  # full fp32 matmuls (the portable arithmetic's setting too): one GPU arithmetic a table
+    reserve = min(SUITE_RESERVE_S, 0.4 * budget.left())
+    trained = s.step("suite", "train", argv, budget.left() - reserve, env=fp32, grace_s=60)
+    if trained.status != "ok" and run_files.finished_runs(root):  # stopped: the table of what finished
+        s.step("suite", "render", [*argv, "--no-train"], budget.left() - 15, env=fp32, grace_s=10)
+    parts = pack_finished_runs(s, "suite", root, d, f"suite-{name}-runs")
+    results = d / "results" / name
+    return [
+        *[(p.name, p) for p in parts],
+        (f"{name}.md", results / f"{name}.md"),
+        ("table.csv", results / "table.csv"),
+        ("log.txt", d / "log.txt"),
+    ]
+
+
+def suite_arguments(s: Session) -> tuple[str | None, int]:
+    """The suite stage's arguments (after --): the suite, by name or file, and --jobs (default 12 on the GPU);
+    None for the suite in the dry run without one (its tiny suite). A mistake stops the session before any stage."""
+    parser = argparse.ArgumentParser(prog="gpu_session.sh suite --", add_help=False)
+    parser.add_argument("suite", nargs="?")
+    parser.add_argument("--jobs", type=int, default=1 if s.dry else 12)
+    args = parser.parse_args(s.suite_args)
+    available = sorted(p.stem for p in (RECIPES_DIR / "suites").glob("*.yaml"))
+    if args.suite is None and not s.dry:
+        raise SystemExit(
+            "gpu_session: suite: give the suite's name after --, e.g. suite -- placements-12l [--jobs 12] "
+            f"(recipes/suites/: {', '.join(available)})"
+        )
+    if args.suite is not None and args.suite not in available and not Path(args.suite).is_file():
+        raise SystemExit(f"gpu_session: suite: {args.suite!r}: a suite of recipes/suites/ ({', '.join(available)})")
+    if args.jobs < 1:
+        raise SystemExit(f"gpu_session: suite: --jobs must be >= 1, got {args.jobs}")
+    return args.suite, args.jobs
+
+
+def unpack_seed_runs(s: Session, stage: str, tarballs: list[Path], root: Path) -> None:
+    """Finished runs of earlier commands (carried in .devseed/) into ``root``, keeping the runs already there."""
+    root.mkdir(parents=True, exist_ok=True)
+    added, kept = run_files.unpack_runs(tarballs, root)
+    s.say(
+        f"=== {stage}: {added} finished run(s) unpacked from {len(tarballs)} tarball(s) in {s.seed_dir} into "
+        f"{root}; {kept} already there (kept)"
+    )
+
+
+def pack_finished_runs(s: Session, stage: str, root: Path, d: Path, stem: str) -> list[Path]:
+    """The small files of every finished run under ``root``, in ``d/<stem>-N.tar.gz``; the end of the log of each
+    run that ended in an error, said."""
+    for run_dir in run_files.failed_runs(root):
+        log = run_files.tail(run_dir / "train.log")
+        s.say(f"=== {stage}: {run_dir} ended in an error; the end of its train.log:\n{log}")
+    parts = run_files.pack_runs(root, d, stem)
+    n_runs = len(run_files.finished_runs(root))
+    s.say(
+        f"=== {stage}: {n_runs} finished run(s), their small files in {', '.join(p.name for p in parts) or 'nothing'}"
+        " (no checkpoint): put them in .devseed/ for the next round"
+    )
+    return parts
+
+
 STAGES = {
     "quick": stage_quick,
     "check": stage_check,
@@ -591,6 +679,7 @@ STAGES = {
     "e2e": stage_e2e,
     "profile": stage_profile,
     "depth": stage_depth,
+    "suite": stage_suite,
 }
 
 
@@ -719,7 +808,8 @@ def headlines(s: Session) -> None:
     for stage in s.done:
         log = s.scratch / stage.stage / "log.txt"
         lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
-        found = [line for line in lines if HEADLINES.search(line) and not line.startswith("=== ") and len(line) < 400]
+        found = [line for line in lines if HEADLINES.search(line) and not line.startswith("=== ")]
+        found = [line if len(line) < 400 else f"{line[:300]} ..." for line in found]  # suite's last line lists files
         for line in found[:HEADLINES_PER_STAGE]:
             print(f"{stage.stage}: {line}")
     print("\n".join(s.lines))
@@ -798,7 +888,7 @@ def prepare(s: Session, where: Path) -> int:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    compare_args = argv[argv.index("--") + 1 :] if "--" in argv else []
+    after = argv[argv.index("--") + 1 :] if "--" in argv else []  # depth's (compare's) or suite's
     argv = argv[: argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(
         prog="gpu_session.sh", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -814,7 +904,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--scratch", type=Path, default=None, help="work folder (default: /tmp/gpu-session)")
     parser.add_argument("--limit-s", type=float, default=570, help="this invocation's time (default 570 s)")
     parser.add_argument("--stage-limit-s", type=float, default=None, help="at most this for any one stage")
-    parser.add_argument("--runs-root", type=Path, default=None, help="the depth sweep's runs (default: .devruns)")
+    parser.add_argument(
+        "--runs-root", type=Path, default=None, help="depth's runs, suites' under suites/ (default: .devruns)"
+    )
     parser.add_argument(
         "--seed-dir", type=Path, default=None, help="tarballs of finished runs to start from (default: .devseed)"
     )
@@ -828,14 +920,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error(f"at most {device_files.MAX_FILES - 1} stages in one command: more cannot all come back")
     if len(set(args.stages)) != len(args.stages):
         parser.error("a stage is named twice")
-    if compare_args and "depth" not in args.stages:
-        parser.error("arguments after -- are compare's, for the depth stage")
+    if {"depth", "suite"} <= set(args.stages):
+        parser.error("depth and suite each take the arguments after --: give them in two commands")
+    if after and not {"depth", "suite"} & set(args.stages):
+        parser.error("arguments after -- are compare's, for the depth stage, or a suite's name, for the suite stage")
     scratch = args.scratch or Path("/tmp/gpu-session")
     args.scratch = scratch
     args.runs_root = args.runs_root or (scratch / "devruns" if args.dry_run else ROOT / ".devruns")
     args.seed_dir = args.seed_dir or (scratch / "devseed" if args.dry_run else ROOT / ".devseed")
     args.prepare_dir = args.prepare_dir or (scratch / "prepared" if args.dry_run else ROOT)
-    args.compare_args = compare_args
+    args.compare_args, args.suite_args = ([], after) if "suite" in args.stages else (after, [])
     return args
 
 
@@ -850,11 +944,14 @@ def main(argv: list[str] | None = None) -> int:
         e2e_steps=args.e2e_steps,
         kernel_widths=args.kernel_widths,
         compare_args=args.compare_args,
+        suite_args=args.suite_args,
     )
     if args.stages == ["prepare"]:
         return prepare(s, args.prepare_dir)
     if "depth" in args.stages:
         compare_arguments(s)  # a mistake in them stops here, before any stage runs
+    if "suite" in args.stages:
+        suite_arguments(s)
     budget = Budget(args.limit_s - PUBLISH_RESERVE_S)
     s.scratch.mkdir(parents=True, exist_ok=True)
     s.out.mkdir(parents=True, exist_ok=True)

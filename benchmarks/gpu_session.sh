@@ -3,6 +3,7 @@
 #
 #   bash benchmarks/gpu_session.sh prepare             # once, on a networked machine: .whl/, .devcache/, .devseed/
 #   bash benchmarks/gpu_session.sh quick               # on the GPU machine, the first command (about 5 minutes)
+#   bash benchmarks/gpu_session.sh suite -- placements-12l   # a suite's next chunk (9 min; its runs: to .devseed/)
 #   bash benchmarks/gpu_session.sh --dry-run quick     # on a CPU: the stage's plumbing at tiny sizes
 #
 # On the GPU machine, python3 is the image's interpreter with torch (PY overrides it). prepare runs with the

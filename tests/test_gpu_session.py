@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 # ---------------------------------------------------------------- the driver's pieces
 
 
-def session(tmp_path, dry: bool = True, compare_args=()) -> gpu_session.Session:
+def session(tmp_path, dry: bool = True, compare_args=(), suite_args=()) -> gpu_session.Session:
     return gpu_session.Session(
         out=tmp_path / "out",
         scratch=tmp_path / "scratch",
@@ -40,6 +40,7 @@ def session(tmp_path, dry: bool = True, compare_args=()) -> gpu_session.Session:
         e2e_steps=4,
         kernel_widths=[64],
         compare_args=list(compare_args),
+        suite_args=list(suite_args),
     )
 
 
@@ -118,6 +119,7 @@ def test_the_command_line_refuses_what_cannot_work(capsys):
     for argv, says in (
         (["prepare", "quick"], "give it alone"),
         (["quick", "--", "--recipes", "x"], "for the depth"),
+        (["depth", "suite", "--", "placements-12l"], "give them in two commands"),
         (eight, "at most 7 stages"),
         (["quick", "quick"], "named twice"),
         (["nope"], "invalid choice"),
@@ -127,6 +129,27 @@ def test_the_command_line_refuses_what_cannot_work(capsys):
         assert says in capsys.readouterr().err
     args = parse(["--dry-run", "depth", "--", "--recipes", "prenorm-12l", "--seeds", "1"])
     assert args.stages == ["depth"] and args.compare_args == ["--recipes", "prenorm-12l", "--seeds", "1"]
+    args = parse(["quick", "suite", "--", "placements-12l", "--jobs", "6"])
+    assert args.suite_args == ["placements-12l", "--jobs", "6"] and args.compare_args == []
+
+
+def test_suite_takes_a_suites_name_and_jobs_and_refuses_a_missing_name_before_any_stage_runs(tmp_path, capsys):
+    assert gpu_session.suite_arguments(session(tmp_path, dry=False, suite_args=["placements-12l"])) == (
+        "placements-12l",
+        12,
+    )
+    assert gpu_session.suite_arguments(session(tmp_path, suite_args=["placements-12l", "--jobs", "2"]))[1] == 2
+    assert gpu_session.suite_arguments(session(tmp_path)) == (None, 1)  # the dry run's tiny suite
+    for suite_args, says in (([], "give the suite's name after --"), (["nope"], "'nope': a suite of recipes/")):
+        with pytest.raises(SystemExit, match=says):
+            gpu_session.suite_arguments(session(tmp_path, dry=False, suite_args=suite_args))
+    with pytest.raises(SystemExit):
+        gpu_session.suite_arguments(session(tmp_path, suite_args=["placements-12l", "--root", "x"]))
+    assert "unrecognized arguments: --root x" in capsys.readouterr().err
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit, match="give the suite's name"):
+        gpu_session.main(["quick", "suite", "--out", str(out), "--scratch", str(tmp_path / "scratch")])
+    assert not out.exists()  # refused before quick ran
 
 
 def test_a_budget_is_shared_by_weight_among_what_is_left():
@@ -399,6 +422,46 @@ def test_dry_run_of_two_depth_rounds_the_second_on_a_fresh_machine_from_the_firs
     assert (out2 / "depth" / "layer_contribution.md").read_text() == contribution
 
 
+@pytest.mark.slow
+def test_dry_run_of_two_suite_chunks_the_second_on_a_fresh_machine_from_the_firsts_runs(tmp_path):
+    """35-60 s on the 2-core machine under load: a tiny suite (two 4-step smoke runs) trained, its table rendered
+    and its runs packed; then a second chunk with a new runs root, which unpacks them and trains nothing again."""
+    first, out = dry_run(tmp_path / "chunk1", "suite")
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert statuses(out) == {"suite/train": "ok"}
+    assert layout_problems(out) == []
+    assert sorted(p.name for p in (out / "suite").iterdir()) == [
+        "dry-suite.md",
+        "log.txt",
+        "suite-dry-suite-runs-1.tar.gz",
+    ]
+    names = members(out / "suite" / "suite-dry-suite-runs-1.tar.gz")
+    assert not any("ckpt" in n or "checkpoints" in n for n in names)
+    assert {n for n in names if n.endswith(("/eval.json", "/manifest.json", "/metrics.csv"))} == {
+        f"{run}/{f}"
+        for run in ("prenorm-12l/smoke-lr0.003-wf0.25-seed1", "postnorm-12l/smoke-lr0.001-wf0.25-seed1")
+        for f in ("eval.json", "manifest.json", "metrics.csv")
+    }
+    assert "suite: training" in first.stdout and "--trainer.accelerator=cpu" in first.stdout
+    assert "suite dry-suite: complete" in first.stdout.split("headlines:")[1]
+    seeds = tmp_path / "seeds"
+    seeds.mkdir()
+    (seeds / "suite-dry-suite-runs-1.tar.gz").write_bytes(
+        (out / "suite" / "suite-dry-suite-runs-1.tar.gz").read_bytes()
+    )
+    (seeds / "depth-runs-1.tar.gz").write_bytes(b"not this stage's")  # another stage's tarball: left alone
+    second, out2 = dry_run(tmp_path / "chunk2", "--seed-dir", str(seeds), "suite")
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "2 finished run(s) unpacked from 1 tarball(s)" in second.stdout
+    assert "suite dry-suite: 2 runs finished, 0 training, 0 more wanted now" in second.stdout
+    assert "suite: training" not in second.stdout and "RESULT" not in second.stdout
+    assert sorted(members(out2 / "suite" / "suite-dry-suite-runs-1.tar.gz")) == sorted(names)
+    table = [line for line in (out / "suite" / "dry-suite.md").read_text().splitlines() if line.startswith("|")]
+    assert table and table == [
+        line for line in (out2 / "suite" / "dry-suite.md").read_text().splitlines() if line.startswith("|")
+    ]
+
+
 @pytest.mark.training
 def test_dry_run_of_prepare_carries_the_committed_fp32_runs(tmp_path):
     done = subprocess.run(
@@ -420,7 +483,7 @@ def test_dry_run_of_prepare_carries_the_committed_fp32_runs(tmp_path):
 # ---------------------------------------------------------------- the docs' commands
 
 
-def test_every_gpu_session_command_in_the_docs_parses_and_its_compare_arguments_exist():
+def test_every_gpu_session_command_in_the_docs_parses_and_its_compare_and_suite_arguments_exist(tmp_path):
     docs = [REPO / "docs" / "benchmarks.md", REPO / "docs" / "depth.md"]
     lines = [
         line.strip().removeprefix("$ ")
@@ -434,6 +497,8 @@ def test_every_gpu_session_command_in_the_docs_parses_and_its_compare_arguments_
         args = gpu_session.parse_args(argv)
         if args.compare_args:
             assert not compare_problems(args.compare_args), (line, compare_problems(args.compare_args))
+        if args.suite_args:
+            assert gpu_session.suite_arguments(session(tmp_path, dry=False, suite_args=args.suite_args))[0], line
 
 
 def compare_problems(argv: list[str]) -> list[str]:

@@ -13,7 +13,16 @@ import pytest
 import yaml
 
 from resnorm_lm.analysis.provenance import ProvenanceError, table_provenance
-from resnorm_lm.analysis.suite import SeedPilot, SuiteError, TunedBudget, available_suites, load
+from resnorm_lm.analysis.suite import (
+    SeedPilot,
+    SuiteError,
+    SuiteTrainer,
+    TunedBudget,
+    available_suites,
+    load,
+    machine_overrides,
+    main,
+)
 from resnorm_lm.analysis.suite_report import TunedReport
 from resnorm_lm.analysis.sweep import RunOutcome, RunSpec, Setting
 from tests.smoke import run_cli_captured, write_learnable_corpus
@@ -109,6 +118,38 @@ def test_a_malformed_suite_file_is_refused_with_what_to_write(tmp_path, recipes,
     assert said in str(err.value)
     with pytest.raises(SuiteError, match="unknown suite 'nope'; available suites: .*placements-12l"):
         load("nope")
+
+
+def test_train_args_reach_every_runs_command_after_the_suite_files_own(tmp_path):
+    suite = load("placements-12l")
+    machine = machine_overrides(suite, "--trainer.accelerator=gpu --trainer.enable_progress_bar=false")
+    trainer = SuiteTrainer(suite, str(tmp_path), jobs=1, machine=machine)
+    cmd = trainer.command(RunSpec("prenorm-12l", Setting(1e-3, 0.25), 1), resume=False)
+    at = cmd.index("--trainer.accelerator=gpu")
+    assert cmd[at : at + 2] == machine and cmd.index("--trainer.max_steps=500") < at
+    assert machine_overrides(suite, "--data.corpus=text --data.files=[a/*.txt]") == [
+        "--data.corpus=text",
+        "--data.files=[a/*.txt]",
+    ]
+
+
+@pytest.mark.parametrize(
+    "override, said",
+    [
+        ("--trainer.max_steps=50", "trainer.max_steps is the protocol's (/"),  # the file's path, then its section
+        ("--trainer.gradient_clip_val 0.5", "placements-12l.yaml's train: section fixes it"),
+        ("--model.optim.lr=0.1", "model is the protocol's (every suite fixes it)"),
+        ("--data.seed=3", "data.seed is the protocol's (every suite fixes it)"),
+        ("--seed_everything=3", "seed_everything is the protocol's (every suite fixes it)"),
+        ("--trainer={precision:bf16-mixed}", "trainer.max_steps is the protocol's"),  # a whole group: each key
+        ("--run.root=elsewhere", "suite sets run.root for each run itself"),
+    ],
+)
+def test_train_args_that_would_change_the_protocol_are_refused(tmp_path, capsys, override, said):
+    args = ["placements-12l", "--root", str(tmp_path), f"--train-args=--trainer.accelerator=gpu {override}"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert said in err and "leave it out" in err and not any(tmp_path.iterdir())  # refused before any run
 
 
 def test_the_budget_spends_the_same_runs_on_recipes_whose_picks_land_in_different_places(tmp_path, recipes):
@@ -221,6 +262,43 @@ def test_a_suite_under_way_renders_its_figures_with_the_recipes_not_yet_run_mark
     assert panels.stat().st_size > 0
     forest = plot_paired_differences(report, rows, tmp_path)  # b has nothing to pair: drawn without it, or not at all
     assert forest is None or forest.stat().st_size > 0
+
+
+def write_metrics(run_dir: Path, train: list[tuple[int, float]], val: list[tuple[int, float]]) -> None:
+    """A metrics.csv as the run logs it: train/loss rows and val/loss rows, each with its step."""
+    lines = ["step,train/loss,val/loss"] + [f"{s},{v}," for s, v in train] + [f"{s},,{v}" for s, v in val]
+    (run_dir / "metrics.csv").write_text("\n".join(lines) + "\n")
+
+
+def test_the_fit_table_gives_the_gap_and_the_seeds_whose_validation_turned_up(tmp_path, recipes):
+    """A's validation falls to the end; b's is lowest at step 250 in seeds 1 and 2: the table says 2/5, by how
+    much and where, and both gaps are validation minus the training loss of the last 10% of steps."""
+    suite = load(str(suite_file(tmp_path)))
+    design = TunedBudget(suite)
+    outcomes = {}
+    for recipe in ("a-12l", "b-12l"):
+        for spec in outcomes_for(design, recipe, bowl(0.002)):
+            val = bowl(0.002)(spec.setting, spec.seed)
+            outcomes[spec] = fake_run(tmp_path / "runs", spec, val)
+            turns = recipe == "b-12l" and spec.seed in (1, 2)
+            tail = [(450, 4.49), (460, 4.51), (470, 4.50), (480, 4.49), (490, 4.51)]  # the last 10%: mean 4.50
+            train = [(s, 6.0) for s in range(0, 440, 10)] + tail
+            write_metrics(
+                spec.run_dir(str(tmp_path / "runs"), "smoke"),
+                train,
+                [(250, val - 0.03 if turns else val + 0.2), (499, val)],
+            )
+    report = TunedReport(suite, design, outcomes, str(tmp_path / "runs"), UNIGRAM)
+    rows = {r["recipe"]: r for r in report.rows()}
+    a, b = rows["a-12l"], rows["b-12l"]
+    assert a["train_loss"].mean == pytest.approx(4.50) and a["train_loss"].n == 5  # step 440 (6.0) is not in it
+    assert a["gap"].mean == pytest.approx(a["val_loss"].mean - 4.50)
+    assert (a["val_turned_up"].k, b["val_turned_up"].k, b["val_turned_up"].n) == (0, 2, 5)
+    assert b["val_rise"].mean == pytest.approx(0.03) and b["best_steps"] == "250, 250"
+    from resnorm_lm.analysis.suite_report import fit_table
+
+    table = "\n".join(fit_table(report.rows()))
+    assert "| `b-12l` |" in table and "| 2/5 (" in table and "| +0.030 ± 0.000 | 250, 250 |" in table
 
 
 def test_runs_of_different_arithmetic_are_refused_in_one_table_unless_marked(tmp_path):

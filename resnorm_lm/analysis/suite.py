@@ -2,6 +2,7 @@
 read by ``suite_file.py``) and render its tables.
 
     resnorm-lm suite placements-12l [--jobs 2] [--root runs/suites/placements-12l] [--no-train]
+                                    [--train-args "--trainer.accelerator=gpu"]
 
 It trains what the suite's design wants and is missing (``TunedBudget``, ``SeedPilot`` below), one run per core by
 default (each run computes on one thread in the portable arithmetic), resumes runs that were interrupted and never
@@ -69,6 +70,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--root DIR --no-train",
     )
     parser.add_argument(
+        "--train-args",
+        default="",
+        metavar='"--KEY=VALUE ..."',
+        help="fit overrides for this machine, after the suite file's, in every run: --trainer.accelerator=gpu, "
+        "--trainer.enable_progress_bar=false, where the data is (--data.files=[...]); one alone as "
+        "--train-args=--KEY=VALUE. What the protocol fixes is refused: a key of the suite file's train: section, "
+        "model.*, data.seed, seed_everything, trainer.max_steps, trainer.precision. The runs' manifests record "
+        "the machine and the arithmetic; runs of another arithmetic (another device, TF32) make a table of their "
+        "own, in a --root of their own: the provenance check refuses mixing them",
+    )
+    parser.add_argument(
         "--mix-provenance",
         action="store_true",
         help="render runs of different arithmetic in one table, each row marked (refused otherwise)",
@@ -90,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         suite = load(args.suite)
+        machine = machine_overrides(suite, args.train_args)
     except SuiteError as err:
         print(f"resnorm-lm suite: error: {err}", file=sys.stderr)
         return 2
@@ -97,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     root = args.root or f"runs/suites/{suite.name}"
     jobs = args.jobs or max(1, os.cpu_count() or 1)
     started = time.time()
-    failed = set() if args.no_train else train_suite(suite, design, root, jobs, args.logger)
+    failed = set() if args.no_train else train_suite(suite, design, root, jobs, args.logger, machine)
     plan, outcomes = settle(design, root, suite.profile)
     if not outcomes:
         print(f"resnorm-lm suite: no finished runs of {suite.name} under {root}", file=sys.stderr)
@@ -220,6 +233,11 @@ def suite_path(name: str, root: Path = SUITES_DIR) -> Path:
     return path
 
 
+# what every run of a suite shares beyond its file's train: section (the runner sets the rest for each run)
+PROTOCOL_KEYS = ("model", "data.seed", "seed_everything", "trainer.max_steps", "trainer.precision")
+RUNNER_KEYS = ("config", "recipe", "profile", "tuned", "ckpt_path", "run.root", "run.tag", "run.group")
+
+
 @dataclass
 class Suite:
     """A suite file, read and checked (``load``)."""
@@ -243,6 +261,26 @@ class Suite:
     def max_steps(self) -> int | None:
         steps = self.train.get("trainer.max_steps")
         return int(steps) if steps is not None else None
+
+
+def machine_overrides(suite: Suite, text: str) -> list[str]:
+    """``--train-args``: ``fit`` overrides for this machine, refused where they would change the protocol (or
+    the run the runner makes) without the suite file saying so; ``--trainer={...}`` counts as each of its keys."""
+    args = text.split()
+    for arg in (a for a in args if a.startswith("--")):
+        key = arg[2:].split("=", 1)[0]
+        fixed = (*suite.train, *PROTOCOL_KEYS, *RUNNER_KEYS)
+        clash = next((k for k in fixed if f"{key}.".startswith(f"{k}.") or k.startswith(f"{key}.")), None)
+        if clash in RUNNER_KEYS:
+            raise SuiteError(f"--train-args {arg}: suite sets {clash} for each run itself: leave it out")
+        if clash:
+            where = f"{suite.path}'s train: section" if clash in suite.train else "every suite"
+            raise SuiteError(
+                f"--train-args {arg}: {clash} is the protocol's ({where} fixes it), not the machine's: leave it "
+                "out (a different protocol is a suite file of its own). --train-args takes what only the machine "
+                "decides: --trainer.accelerator=gpu, --trainer.enable_progress_bar=false, where the data is"
+            )
+    return args
 
 
 def format_value(value: Any) -> str:
@@ -563,9 +601,12 @@ class SuiteTrainer(SweepTrainer):
 
     who = "suite"
 
-    def __init__(self, suite: Suite, root: str, jobs: int, logger: str = "csv") -> None:
+    def __init__(
+        self, suite: Suite, root: str, jobs: int, logger: str = "csv", machine: list[str] | None = None
+    ) -> None:
         logging = [] if logger == "csv" else [f"--run.logger={logger}"]
-        super().__init__(suite.profile, root, [*suite.train_args(), *logging], jobs, group=f"suite-{suite.name}")
+        extra = [*suite.train_args(), *logging, *(machine or [])]  # machine: machine_overrides's, checked
+        super().__init__(suite.profile, root, extra, jobs, group=f"suite-{suite.name}")
         self.portable = suite.arithmetic == "portable"
 
     def command(self, spec: RunSpec, resume: bool) -> list[str]:
@@ -601,9 +642,11 @@ def settle(design: Design, root: str, profile: str) -> tuple[list[RunSpec], dict
         outcomes.update(new)
 
 
-def train_suite(suite: Suite, design: Design, root: str, jobs: int, logger: str = "csv") -> set[RunSpec]:
+def train_suite(
+    suite: Suite, design: Design, root: str, jobs: int, logger: str = "csv", machine: list[str] | None = None
+) -> set[RunSpec]:
     """Train every run the plan wants until none is left; the runs that failed (and were not retried)."""
-    trainer = SuiteTrainer(suite, root, jobs, logger)
+    trainer = SuiteTrainer(suite, root, jobs, logger, machine)
     failed: set[RunSpec] = set()
     running: dict[Future, RunSpec] = {}
     progress = Progress(suite, design)

@@ -27,6 +27,7 @@ from resnorm_lm.analysis.plots import panels, plt, recipe_colors, save_figure
 from resnorm_lm.analysis.provenance import TableProvenance
 from resnorm_lm.analysis.sweep import NOT_LEARNING_NATS, RunOutcome, RunSpec, Setting
 from resnorm_lm.data.cache import atomic_write, write_csv_atomic
+from resnorm_lm.train.diagnostics import TRAIN_LOSS, VAL_LOSS
 from resnorm_lm.train.runs import RunDir
 
 if TYPE_CHECKING:
@@ -66,6 +67,24 @@ def lr_range(scores: dict[Setting, float], pick: Setting, tolerance: float) -> s
     if i == j:
         return f"{_lr(lrs[i])} only"
     return f"{_lr(lrs[i])}..{_lr(lrs[j])} ({lrs[j] / lrs[i]:.0f}x)"
+
+
+TRAIN_TAIL = 0.1  # the training loss at a run's end: the mean of its logged batch losses over the last 10% of steps
+
+
+def fit_of(run_dir: Path) -> dict[str, float] | None:
+    """How a finished run fits its training data, from its metrics.csv: ``train`` (the batch losses logged over
+    the last ``TRAIN_TAIL`` of its steps, averaged), ``val`` (its last validation), ``best_val`` and ``best_step``
+    (its lowest validation and where); None without both kinds of rows."""
+    rows = RunDir(run_dir).metrics()
+    train = [(r["step"], r[TRAIN_LOSS]) for r in rows if TRAIN_LOSS in r and "step" in r]
+    val = [(r["step"], r[VAL_LOSS]) for r in rows if VAL_LOSS in r and "step" in r]
+    if not train or not val:
+        return None
+    end = train[-1][0]
+    tail = [loss for step, loss in train if step >= end * (1 - TRAIN_TAIL)]
+    best_step, best = min(val, key=lambda p: p[1])
+    return {"train": statistics.fmean(tail), "val": val[-1][1], "best_val": best, "best_step": best_step}
 
 
 class TunedReport:
@@ -152,6 +171,7 @@ class TunedReport:
                 row["delta_val"] = paired_difference(val, reference_val)
                 row["delta_test"] = paired_difference(test, reference_test)
             row["runner_up"] = self.runner_up(recipe)
+            row.update(self.fit(recipe))
             missing = len(d.seeds) - len(fresh)
             row["status"] = "partial: " + f"{len(fresh)}/{len(d.seeds)} fresh seeds" if missing else "complete"
             rows.append(row)
@@ -164,6 +184,26 @@ class TunedReport:
         for row in ranked:
             row["group"] = letters.get(row["recipe"], "")
         return ranked
+
+    def fit(self, recipe: str) -> dict[str, Any]:
+        """Over the pick's fresh seeds that learned: the training loss at the end, the validation-minus-training
+        gap, and whether validation turned up before the end (how many seeds; by how much; the best steps)."""
+        sel = self.selections[recipe]
+        fits = [
+            f
+            for o in self.fresh(recipe, sel.pick, self.design.seeds).values()
+            if status_of(o, self.unigram) == "ok" and (f := fit_of(self.run_dir(o.spec)))
+        ]
+        if not fits:
+            return {}
+        turned = [f for f in fits if f["val"] > f["best_val"]]
+        return {
+            "train_loss": mean_interval([f["train"] for f in fits]),
+            "gap": mean_interval([f["val"] - f["train"] for f in fits]),
+            "val_turned_up": Proportion(len(turned), len(fits)),
+            "val_rise": mean_interval([f["val"] - f["best_val"] for f in turned]) if turned else None,
+            "best_steps": ", ".join(f"{f['best_step']:.0f}" for f in turned),
+        }
 
     def runner_up(self, recipe: str) -> str:
         """'4e-3/0.25: +0.012 ± 0.030 (2 seeds)': the runner-up minus the pick on the seeds both have."""
@@ -297,7 +337,28 @@ def tuned_markdown(report: TunedReport, rows: list[dict], provenance: TableProve
         if mixed:
             cells.append(provenance.row_mark(r["recipe"]))
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + fit_table(rows)) + "\n"
+
+
+def fit_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The second table: how each pick fits its training data, and whether validation turned up before the end."""
+    lines = [
+        "",
+        f"Fit (the same seeds): the training loss at the end (the logged batch losses of the last {TRAIN_TAIL:.0%} "
+        "of steps, averaged), validation minus training, and the seeds whose validation was lower at an earlier "
+        "evaluation than at the end (by how much, and the step of their best).",
+        "",
+        "| recipe | train loss | val - train | validation turned up | final - best val | best at step |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r.get("train_loss") is None:
+            continue
+        lines.append(
+            f"| `{r['recipe']}` | {_fmt(r['train_loss'])} | {_fmt(r['gap'], sign=True)} | "
+            f"{r['val_turned_up'].text()} | {_fmt(r.get('val_rise'), sign=True)} | {r.get('best_steps') or '-'} |"
+        )
+    return lines
 
 
 def interval_columns(row: dict[str, Any]) -> dict[str, Any]:
