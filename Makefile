@@ -70,8 +70,8 @@ test-avx2: $(STAMP) ## The numerical tests again with kernels capped at AVX2 (a 
 	$(AVX2_ONLY) $(PY) -m pytest -q $(TEST_WORKERS) -m "not slow" $(NUMERIC_TESTS)
 
 lint: $(STAMP) ## ruff check and format check
-	$(VENV)/bin/ruff check resnorm_lm tests benchmarks notebooks/run_notebooks.py setup.py
-	$(VENV)/bin/ruff format --check resnorm_lm tests benchmarks notebooks/run_notebooks.py setup.py
+	$(VENV)/bin/ruff check resnorm_lm tests benchmarks scripts docs/results notebooks/run_notebooks.py setup.py
+	$(VENV)/bin/ruff format --check resnorm_lm tests benchmarks scripts docs/results notebooks/run_notebooks.py setup.py
 
 format: $(STAMP) ## Apply ruff's fixes and formatting
 	$(VENV)/bin/ruff check --fix resnorm_lm tests benchmarks setup.py

@@ -1,13 +1,14 @@
-"""Where DyT stops learning here: the residual stream leaving the last block, and how much of the readout's
-tanh it saturates, in trained runs (their last checkpoint).
+"""Where DyT stops learning here: the residual stream entering the readout (the final norm), and how much of
+the readout's tanh it saturates, in trained runs (their last checkpoint).
 
     .venv/bin/python docs/results/cpu-norms/dyt_readout.py \
         --tokens ~/.cache/resnorm-lm/prepared/shakespeare-<key>/validation.bin RUN_DIR [RUN_DIR ...]
 
 RUN_DIR: a run directory with checkpoints/last.ckpt (runs/<recipe>/<profile>-lr...-seedK). The tokens: the
-prepared validation split the runs trained beside (uint16). Prints, per run, the stream's RMS after the last
-block on 16 windows of 128 tokens, the readout's alpha, and the share of elements with |alpha x| > 2 (where
-tanh' < 0.08: no gradient passes back to the blocks).
+prepared validation split the runs trained beside (uint16). Prints, per run, the RMS of the final norm's input
+on 16 windows of 128 tokens, split into its mean over the tokens (what every token shares) and the rest, the
+readout's alpha, and the share of elements with |alpha x| > 2 (where tanh' < 0.08: no gradient passes back to
+the blocks).
 """
 
 import argparse
@@ -15,7 +16,7 @@ import argparse
 import numpy as np
 import torch
 
-from resnorm_lm.train.checkpoints import load_run
+from resnorm_lm.train.loaded_run import load_run
 
 
 def main() -> None:
@@ -27,16 +28,21 @@ def main() -> None:
     idx = torch.from_numpy(np.stack([data[i : i + 128].astype(np.int64) for i in range(0, 16 * 128, 128)]))
     for run_dir in args.runs:
         model = load_run(run_dir).model.model
+        readout = model.stream.final_norm
         seen = {}
-        model.blocks[-1].register_forward_hook(lambda m, a, out: seen.setdefault("x", out))  # (B, T, C)
+        readout.register_forward_pre_hook(lambda m, a, seen=seen: seen.setdefault("x", a[0]))  # (B, T, C)
         with torch.no_grad():
             model(idx)
-        x = seen["x"]
-        alpha = getattr(model.readout, "alpha", None)
+        x = seen["x"].float()
+        mean = x.mean(dim=(0, 1))  # (C,)
+        alpha = getattr(readout, "alpha", None)
         share = f"{(alpha * x).abs().gt(2).float().mean().item():.3f}" if alpha is not None else "- (no tanh)"
         alpha = f"{alpha.item():.3f}" if alpha is not None else "-"
-        print(f"{run_dir}: stream RMS after the last block {x.pow(2).mean().sqrt().item():.2f}; readout alpha "
-              f"{alpha}; |alpha x| > 2: {share}")
+        print(
+            f"{run_dir}: readout input RMS {x.pow(2).mean().sqrt().item():.2f} (token mean "
+            f"{mean.pow(2).mean().sqrt().item():.2f}, the rest {(x - mean).pow(2).mean().sqrt().item():.2f}); "
+            f"readout alpha {alpha}; |alpha x| > 2: {share}"
+        )
 
 
 if __name__ == "__main__":
