@@ -74,8 +74,8 @@ lint: $(STAMP) ## ruff check and format check
 	$(VENV)/bin/ruff format --check resnorm_lm tests benchmarks scripts docs/results notebooks/run_notebooks.py setup.py
 
 format: $(STAMP) ## Apply ruff's fixes and formatting
-	$(VENV)/bin/ruff check --fix resnorm_lm tests benchmarks setup.py
-	$(VENV)/bin/ruff format resnorm_lm tests benchmarks setup.py
+	$(VENV)/bin/ruff check --fix resnorm_lm tests benchmarks scripts docs/results setup.py
+	$(VENV)/bin/ruff format resnorm_lm tests benchmarks scripts docs/results setup.py
 
 train: $(STAMP) ## Train RECIPE=<name> [PROFILE=auto|cpu|gpu|smoke] [RESUME=last|<ckpt>] [SEED=k] [LOGGER=wandb] [ARGS="..."]
 	$(PY) -m resnorm_lm fit --recipe $(RECIPE) --profile $(PROFILE) --seed_everything $(SEED) \
