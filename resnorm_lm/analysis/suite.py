@@ -1,5 +1,5 @@
 """``resnorm-lm suite`` / ``make suite SUITE=<name>``: train a pre-registered suite (``recipes/suites/<name>.yaml``,
-read by ``suite_file.py``) and render its tables.
+read by ``load`` below) and render its tables.
 
     resnorm-lm suite placements-12l [--jobs 2] [--root runs/suites/placements-12l] [--no-train]
                                     [--train-args "--trainer.accelerator=gpu"]
@@ -40,12 +40,11 @@ from resnorm_lm.analysis.suite_report import (
     write_tables,
 )
 from resnorm_lm.analysis.sweep import RunOutcome, RunSpec, Setting, evaluated, unigram_reference
-from resnorm_lm.data.cache import atomic_write
 from resnorm_lm.errors import ResnormError
 from resnorm_lm.registry import Registry
 from resnorm_lm.train.arithmetic import PORTABLE_ENV
 from resnorm_lm.train.recipes import RECIPES_DIR, RecipeError, available_profiles, recipe_path
-from resnorm_lm.train.runs import RunDir, working_root
+from resnorm_lm.train.runs import RunDir, copy_small_files, working_root
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -73,12 +72,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--train-args",
         default="",
         metavar='"--KEY=VALUE ..."',
-        help="fit overrides for this machine, after the suite file's, in every run: --trainer.accelerator=gpu, "
-        "--trainer.enable_progress_bar=false, where the data is (--data.files=[...]); one alone as "
-        "--train-args=--KEY=VALUE. What the protocol fixes is refused: a key of the suite file's train: section, "
-        "model.*, data.seed, seed_everything, trainer.max_steps, trainer.precision. The runs' manifests record "
-        "the machine and the arithmetic; runs of another arithmetic (another device, TF32) make a table of their "
-        "own, in a --root of their own: the provenance check refuses mixing them",
+        help="fit overrides for this machine in every run (--trainer.accelerator=gpu, where the data is; one alone "
+        "as --train-args=--KEY=VALUE); what the protocol fixes is refused. Runs of another arithmetic make a table "
+        "of their own, in a --root of their own (docs/comparing.md)",
     )
     parser.add_argument(
         "--mix-provenance",
@@ -154,34 +150,13 @@ def main(argv: list[str] | None = None) -> int:
         written.append(plot_seed_spread(report, out_dir))
     print((out_dir / f"{suite.name}.md").read_text())
     if args.export:  # after the test evaluation: its numbers are in eval.json
-        copied = export_runs([s.run_dir(root, suite.profile) for s in outcomes], Path(root), Path(args.export))
+        copied = copy_small_files([s.run_dir(root, suite.profile) for s in outcomes], Path(root), Path(args.export))
         print(f"suite {suite.name}: exported the small files of {copied} run(s) to {args.export}")
     state = "PARTIAL: " + f"{len(outcomes)} of the {len(plan)} runs wanted so far" if partial else "complete"
     if failed:
         state += f"; {len(failed)} run(s) failed (see their train.log): run the same command again to retry"
     print(f"suite {suite.name}: {state}; wrote {', '.join(str(p) for p in written)} in {time.time() - started:.0f} s")
     return 0
-
-
-def export_runs(run_dirs: list[Path], root: Path, dest: Path) -> int:
-    """Copy each run's small files (``RunDir.small_files``) to the same place under ``dest``, each written whole;
-    the runs whose files changed (or were not there); nothing is removed."""
-    copied = 0
-    for run_dir in run_dirs:
-        changed = False
-        for source in RunDir(run_dir).small_files():
-            target = dest / source.relative_to(root)
-            data = source.read_bytes()
-            if not target.is_file() or target.read_bytes() != data:
-                with atomic_write(target, "wb") as f:
-                    f.write(data)
-                changed = True
-        copied += changed
-    return copied
-
-
-if __name__ == "__main__":
-    sys.exit(main())
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -277,8 +252,7 @@ def machine_overrides(suite: Suite, text: str) -> list[str]:
             where = f"{suite.path}'s train: section" if clash in suite.train else "every suite"
             raise SuiteError(
                 f"--train-args {arg}: {clash} is the protocol's ({where} fixes it), not the machine's: leave it "
-                "out (a different protocol is a suite file of its own). --train-args takes what only the machine "
-                "decides: --trainer.accelerator=gpu, --trainer.enable_progress_bar=false, where the data is"
+                "out (another protocol is a suite file of its own; --train-args: --trainer.accelerator=gpu, ...)"
             )
     return args
 
@@ -601,9 +575,7 @@ class SuiteTrainer(SweepTrainer):
 
     who = "suite"
 
-    def __init__(
-        self, suite: Suite, root: str, jobs: int, logger: str = "csv", machine: list[str] | None = None
-    ) -> None:
+    def __init__(self, suite: Suite, root: str, jobs: int, logger: str = "csv", machine: list | None = None) -> None:
         logging = [] if logger == "csv" else [f"--run.logger={logger}"]
         extra = [*suite.train_args(), *logging, *(machine or [])]  # machine: machine_overrides's, checked
         super().__init__(suite.profile, root, extra, jobs, group=f"suite-{suite.name}")
@@ -715,3 +687,7 @@ def evaluate_test(suite: Suite, run_dirs: list[Path]) -> None:
     if done.returncode != 0:
         raise RuntimeError(f"the test evaluation failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     print(f"suite {suite.name}: test split evaluated in {time.time() - started:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -24,7 +24,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_only
 
-from resnorm_lm.data.cache import write_json_atomic
+from resnorm_lm.data.cache import atomic_write, write_json_atomic
 from resnorm_lm.errors import ResnormError
 from resnorm_lm.model.decoding import stream_text
 from resnorm_lm.model.gpt import count_parameters
@@ -569,3 +569,20 @@ def print_sample(model, datamodule, n_tokens: int, seed: int = 0) -> None:
         model.model, datamodule.prepared.tokenizer, [datamodule.manifest.eot_id], n_tokens, generator=generator
     )
     print("SAMPLE (temperature 0.8, top-k 50):\n" + "".join(pieces), flush=True)
+
+
+def copy_small_files(run_dirs: list[Path], root: Path, dest: Path) -> int:
+    """Copy each run's small files (``RunDir.small_files``) to the same place under ``dest``, each written whole;
+    the runs whose files changed (or were not there); nothing is removed."""
+    copied = 0
+    for run_dir in run_dirs:
+        changed = False
+        for source in RunDir(run_dir).small_files():
+            target = dest / source.relative_to(root)
+            data = source.read_bytes()
+            if not target.is_file() or target.read_bytes() != data:
+                with atomic_write(target, "wb") as f:
+                    f.write(data)
+                changed = True
+        copied += changed
+    return copied
