@@ -173,7 +173,7 @@ def plot_lr_sensitivity(grid: list[dict], unigram: float | None, out_dir: Path) 
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             legend.setdefault(label, handle)
-    handles, labels = list(legend.values()), sorted(legend, key=lambda text: float(text.split()[-1]))
+    labels = sorted(legend, key=lambda text: float(text.split()[-1]))  # by warmup
     handles = [legend[label] for label in labels]
     if labels:
         fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=7, frameon=False)
