@@ -115,7 +115,7 @@ arithmetic: native
 train: {trainer.max_steps: 4}
 pilot: {settings: {prenorm-12l: {lr: 0.003, warmup: 0.25}, postnorm-12l: {lr: 0.001, warmup: 0.25}}, seeds: [1]}
 """
-CONTRIBUTION_TOKENS = 16_384  # compare's --contribution-tokens default (resnorm_lm.analysis.layer_contribution)
+CONTRIBUTION_TOKENS = 16_384  # compare's --contribution-tokens default (resnorm_lm.analysis.block_measurements)
 PUBLISH_RESERVE_S = 10  # kept back from the stages: laying out $OUT
 MIN_STEP_S = 15  # a step with less time than this is skipped (a child needs seconds to import torch)
 # the lines that carry the figures (printed again at the end: the output's tail comes back with the reply)

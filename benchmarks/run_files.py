@@ -183,7 +183,7 @@ def contribution_order(root: Path, n_tokens: int) -> list[Path]:
 def measure_contributions(root: Path, n_tokens: int, seconds: float) -> int:
     """Measure (and cache in each run) as many of ``contribution_order``'s runs as ``seconds`` allows."""
     sys.path.insert(0, str(ROOT))
-    from resnorm_lm.analysis.layer_contribution import run_contribution
+    from resnorm_lm.analysis.block_measurements import run_contribution
 
     deadline = time.monotonic() + seconds
     todo = contribution_order(root, n_tokens)

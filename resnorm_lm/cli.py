@@ -1,5 +1,5 @@
 """The ``resnorm-lm`` command: ``fit``/``validate``/``test`` (``train.lightning_cli``) and ``eval``, ``compare``,
-``generate``, ``at-init`` (the ``analysis`` wing).
+``generate``, ``export``, ``at-init``, ``block-ratio`` (the ``analysis`` wing).
 
     resnorm-lm fit --recipe prenorm-12l --profile auto [--seed_everything 1] [--ckpt_path last] [overrides]
 
@@ -15,7 +15,7 @@ import os
 import sys
 import warnings
 
-from resnorm_lm.analysis.fit_processes import stop_with_compare
+from resnorm_lm.analysis.launchers import stop_with_compare
 from resnorm_lm.errors import ResnormError
 from resnorm_lm.train.checkpoint_io import CheckpointWriteError
 from resnorm_lm.train.lightning_cli import ResnormCLI, check_checkpoint_argument
@@ -23,13 +23,14 @@ from resnorm_lm.train.preemption import Preempted
 from resnorm_lm.train.recipes import expand_recipe_arguments
 from resnorm_lm.train.runs import after_a_failed_checkpoint, release_all
 
-TOOLS = {  # the commands beside LightningCLI's: the module whose main() each runs
-    "eval": "resnorm_lm.analysis.evaluate",
-    "compare": "resnorm_lm.analysis.compare",
-    "suite": "resnorm_lm.analysis.suite",
-    "generate": "resnorm_lm.analysis.generate",
-    "export": "resnorm_lm.analysis.export",
-    "at-init": "resnorm_lm.analysis.at_init",
+TOOLS = {  # the commands beside LightningCLI's: "module:function", the function given the command's arguments
+    "eval": "resnorm_lm.analysis.trained_run:eval_main",
+    "compare": "resnorm_lm.analysis.compare:main",
+    "suite": "resnorm_lm.analysis.suite:main",
+    "generate": "resnorm_lm.analysis.trained_run:generate_main",
+    "export": "resnorm_lm.analysis.trained_run:export_main",
+    "at-init": "resnorm_lm.analysis.block_measurements:at_init_main",
+    "block-ratio": "resnorm_lm.analysis.block_measurements:block_ratio_main",
 }
 COMMANDS = {  # what `resnorm-lm --help` lists: LightningCLI's fit, validate and test, then the TOOLS
     "fit": "train a recipe at a profile (--recipe R --profile P), or resume one (--ckpt_path last)",
@@ -41,6 +42,7 @@ COMMANDS = {  # what `resnorm-lm --help` lists: LightningCLI's fit, validate and
     "generate": "sample text from a trained run",
     "export": "a trained run as safetensors and JSON (and transformers' GPT-2 or OPT where it fits), no pickle",
     "at-init": "every placement at initialization: per-block gradient norms and stream RMS, no training",
+    "block-ratio": "trained runs' last block over their first, per logged step (gradient norm or stream RMS)",
 }
 USAGE = "usage: resnorm-lm <command> [options]   (resnorm-lm <command> --help: the command's options)"
 
@@ -85,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     if args[0] in TOOLS:
         import importlib
 
-        return importlib.import_module(TOOLS[args[0]]).main(args[1:])
+        module, function = TOOLS[args[0]].split(":")
+        return getattr(importlib.import_module(module), function)(args[1:])
     try:
         args = expand_recipe_arguments(args)
         check_checkpoint_argument(args)

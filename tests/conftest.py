@@ -91,7 +91,7 @@ def _seed_and_threads():
 def fits_in_this_process(monkeypatch):
     """compare's (and a suite's) fits run in this process, not each in its own (test_eval's compare test starts
     those): the same commands, without a torch and Lightning import for each."""
-    from resnorm_lm.analysis.fit_processes import RunningFits
+    from resnorm_lm.analysis.launchers import RunningFits
 
     def run(self, cmd, cwd, env, stdout, stderr):
         assert cmd[1:3] == ["-m", "resnorm_lm"] and stdout is None, cmd  # one job at a time, its output here

@@ -5,7 +5,7 @@ import csv
 import pytest
 import torch
 
-from resnorm_lm.analysis import at_init
+from resnorm_lm.analysis import block_measurements
 from resnorm_lm.model.gpt import GPT, GPTConfig
 from resnorm_lm.train.diagnostics import grad_norms_at_init
 
@@ -13,7 +13,7 @@ SHAPE = {"width": 32, "batch": 2, "length": 16, "vocab": 64}
 
 
 def test_a_measurement_is_one_backward_pass_of_the_model_at_its_init():
-    grads, rms = at_init.measure("prenorm", "xavier", 3, seed=2, **SHAPE)
+    grads, rms = block_measurements.measure_at_init("prenorm", "xavier", 3, seed=2, **SHAPE)
     torch.manual_seed(2)
     model = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=3, n_head=1, n_embd=32, init="xavier"))
     idx = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(1002))
@@ -39,12 +39,12 @@ def test_the_command_writes_a_row_per_block_a_table_and_two_figures(tmp_path):
         "2",
         *shape,
     ]
-    assert at_init.main(argv) == 0
+    assert block_measurements.at_init_main(argv) == 0
     rows = list(csv.DictReader((out / "at_init.csv").open()))
     assert len(rows) == 2 * 2 * (1 + 3)
     post = [r for r in rows if r["placement"] == "postnorm"]
     assert all(float(r["stream_rms"]) == pytest.approx(1.0, rel=1e-3) for r in post)  # a LayerNorm's output
-    seeds = [at_init.measure("prenorm", "gpt2", 3, seed, **SHAPE)[0][2] for seed in (1, 2)]
+    seeds = [block_measurements.measure_at_init("prenorm", "gpt2", 3, seed, **SHAPE)[0][2] for seed in (1, 2)]
     mine = next(
         r for r in rows if (r["placement"], r["init"], r["n_layer"], r["block"]) == ("prenorm", "gpt2", "3", "2")
     )
@@ -57,10 +57,10 @@ def test_the_command_writes_a_row_per_block_a_table_and_two_figures(tmp_path):
 
 def test_bad_arguments_are_refused_with_what_was_wrong(capsys):
     with pytest.raises(SystemExit):
-        at_init.main(["--depths", "0"])
+        block_measurements.at_init_main(["--depths", "0"])
     assert "depths, width, batch and length must be positive" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        at_init.main(["--placements", "layernorm"])
+        block_measurements.at_init_main(["--placements", "layernorm"])
     assert "invalid choice: 'layernorm'" in capsys.readouterr().err
 
 
@@ -69,5 +69,5 @@ def test_a_placement_whose_blocks_get_no_gradient_at_init_has_no_ratio():
         {"placement": "rezero", "init": "gpt2", "n_layer": 2, "block": b, "grad_norm": 0.0, "stream_rms": 0.02}
         for b in range(2)
     ]
-    (row,) = at_init.summary(rows)  # ReZero's zero gates: its blocks' matrices get no gradient
+    (row,) = block_measurements.summary(rows)  # ReZero's zero gates: its blocks' matrices get no gradient
     assert row["grad last/first"] == "-" and row["RMS last/first"] == "1.00"

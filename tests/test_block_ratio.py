@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from resnorm_lm.analysis.block_ratio import BlockRatio, main
+from resnorm_lm.analysis.block_measurements import BlockRatio, block_ratio_main
 
 
 def write_run(run_dir: Path, rows: list[tuple[int, list[float]]], prefix: str = "grad_norm") -> Path:
@@ -43,7 +43,7 @@ def test_a_first_block_without_gradient_gives_a_finite_ratio(tmp_path):
 def test_the_command_prints_and_writes_a_row_per_run_and_refuses_a_folder_without_metrics(tmp_path, capsys):
     a = write_run(tmp_path / "a", [(0, [1.0, 1.0]), (10, [0.1, 2.0])])
     b = write_run(tmp_path / "b", [(0, [1.0, 4.0])])
-    assert main([str(a), str(b), "--above", "3", "--csv", str(tmp_path / "out.csv")]) == 0
+    assert block_ratio_main([str(a), str(b), "--above", "3", "--csv", str(tmp_path / "out.csv")]) == 0
     out = capsys.readouterr().out
     assert (
         f"| {a} | 1.00 | 20.00 (10) | 1 of 2 | 20.00 |" in out and f"| {b} | 4.00 | 4.00 (0) | 1 of 1 | 4.00 |" in out
@@ -53,7 +53,7 @@ def test_the_command_prints_and_writes_a_row_per_run_and_refuses_a_folder_withou
         ("grad_norm", 20.0, "10"),
         ("grad_norm", 4.0, "0"),
     ]
-    assert main([str(a), "--metric", "stream_rms"]) == 2  # a run without the stream's columns
+    assert block_ratio_main([str(a), "--metric", "stream_rms"]) == 2  # a run without the stream's columns
     assert "logs no per-block stream_rms" in capsys.readouterr().err
-    assert main([str(tmp_path / "nothing")]) == 2
+    assert block_ratio_main([str(tmp_path / "nothing")]) == 2
     assert "no metrics.csv there" in capsys.readouterr().err

@@ -16,9 +16,9 @@ import torch
 import yaml
 
 from resnorm_lm.analysis import compare
-from resnorm_lm.analysis import fit_processes as sweep_runner
-from resnorm_lm.analysis.fit_processes import RunningFits, step_seconds_at, step_seconds_by_blocks, timing_line
-from resnorm_lm.analysis.layer_contribution import angular_distance, measure, run_contribution, skipped
+from resnorm_lm.analysis import launchers as sweep_runner
+from resnorm_lm.analysis.block_measurements import angular_distance, measure, run_contribution, skipped
+from resnorm_lm.analysis.launchers import RunningFits, step_seconds_at, step_seconds_by_blocks, timing_line
 from resnorm_lm.analysis.sweep import Arm, RunSpec, Setting, run_sweep, sweep_arms
 from resnorm_lm.model.gpt import GPT, GPTConfig
 from resnorm_lm.train.lightning_module import LanguageModel

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from resnorm_lm.analysis.layer_contribution import measure, skipped
+from resnorm_lm.analysis.block_measurements import measure, skipped
 from resnorm_lm.model.depth_attention import AttnRes, BlockAttnRes, DenseFormer, DepthAttention
 from resnorm_lm.model.gpt import GPT, GPTConfig
 from resnorm_lm.model.placements import PLACEMENTS

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import resnorm_lm.train.precision
-from resnorm_lm.analysis.compare_report import markdown_report
-from resnorm_lm.analysis.evaluate import eval_precision, format_tables
+from resnorm_lm.analysis.compare import markdown_report
 from resnorm_lm.analysis.sweep import eval_precisions, evaluated
+from resnorm_lm.analysis.trained_run import eval_precision, format_tables
 from resnorm_lm.cli import main
 from tests.smoke import resnorm_lm_process, run_cli, run_cli_captured, smoke_args, write_corpus
 

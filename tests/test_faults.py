@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from resnorm_lm.analysis.compare_report import markdown_report
+from resnorm_lm.analysis.compare import markdown_report
 from resnorm_lm.analysis.sweep import RunOutcome, RunSpec, Setting, grid_rows, recipe_row, select
 from resnorm_lm.cli import main
 from resnorm_lm.train.checkpoint_io import AtomicCheckpointIO

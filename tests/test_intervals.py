@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from resnorm_lm.analysis.intervals import Proportion, groups, mean_interval, paired_difference, t_cdf, t_quantile
+from resnorm_lm.analysis.evidence import Proportion, groups, mean_interval, paired_difference, t_cdf, t_quantile
 
 # two-sided 95% critical values of Student's t (any statistics table: df 1, 2, 4, 9, 30)
 T_975 = {1: 12.7062, 2: 4.3027, 4: 2.7764, 9: 2.2622, 30: 2.0423}

@@ -132,7 +132,7 @@ def test_a_wandb_run_without_wandb_installed_says_how_to_get_it(tmp_path, smoke_
 
 def test_sweeps_and_suites_group_their_runs():
     from resnorm_lm.analysis.compare import sweep_group
-    from resnorm_lm.analysis.fit_processes import SweepTrainer
+    from resnorm_lm.analysis.launchers import SweepTrainer
     from resnorm_lm.analysis.sweep import RunSpec, Setting
 
     assert sweep_group("/data/my runs", "cpu") == "compare-my-runs-cpu"  # no spaces: SLURM splits options

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from resnorm_lm.analysis.provenance import ProvenanceError, table_provenance
+from resnorm_lm.analysis.evidence import ProvenanceError, table_provenance
 from resnorm_lm.analysis.suite import (
     SeedPilot,
     SuiteError,

@@ -382,8 +382,8 @@ def test_a_stopped_compare_saves_its_runs_at_a_step_and_starts_no_other(tmp_path
 def test_parallel_compare_prepares_the_data_once_before_the_jobs_start(tmp_path, monkeypatch, capsys):
     """JOBS=2 on a cold cache: the data the runs resolve to (profile, recipe and --train-args) is prepared
     in compare itself, once, before any job starts, so the jobs do not all build it at once."""
-    from resnorm_lm.analysis import fit_processes as sweep_runner
-    from resnorm_lm.analysis.fit_processes import RunningFits
+    from resnorm_lm.analysis import launchers as sweep_runner
+    from resnorm_lm.analysis.launchers import RunningFits
     from resnorm_lm.data import datamodule
 
     corpus, cache = write_learnable_corpus(tmp_path / "corpus", n_files=6, words_per_file=100), tmp_path / "cache"
@@ -438,7 +438,7 @@ def test_the_data_compare_prepares_is_the_data_print_config_resolves(
 ):
     """compare prepares its jobs' data from ``data_settings``, which reads the fit command's config files and
     --data options without building the CLI: the real CLI's --print_config is the reference."""
-    from resnorm_lm.analysis.fit_processes import data_settings
+    from resnorm_lm.analysis.launchers import data_settings
 
     config = tmp_path / "extra.yaml"  # a later --config: its data section wins over the profile's, then --data.seed
     config.write_text(yaml.safe_dump({"data": {"seed": 5, "block_size": 48}, "trainer": {"max_steps": 4}}))

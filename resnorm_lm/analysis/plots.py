@@ -13,8 +13,8 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from resnorm_lm.analysis.intervals import group_rows
-from resnorm_lm.analysis.layer_contribution import block_means  # noqa: E402
+from resnorm_lm.analysis.block_measurements import block_means  # noqa: E402
+from resnorm_lm.analysis.evidence import group_rows
 from resnorm_lm.train.diagnostics import GRAD_NORMS, STREAM_RMS, TRAIN_LOSS, TRAIN_SECONDS, VAL_LOSS  # noqa: E402
 from resnorm_lm.train.runs import RunDir  # noqa: E402
 

@@ -8,7 +8,7 @@ It trains what the suite's design wants and is missing (``TunedBudget``, ``SeedP
 default (each run computes on one thread in the portable arithmetic), resumes runs that were interrupted and never
 trains a finished run twice; stopped (Ctrl-C, SIGTERM), its runs save at the end of their step and the same command
 goes on. Then it evaluates the test split where a table reports it, checks that the runs share one arithmetic
-(``provenance.py``; ``--mix-provenance`` renders a mixed table with its rows marked), and writes
+(``evidence.py``; ``--mix-provenance`` renders a mixed table with its rows marked), and writes
 ``results/suites/<name>/``: ``<name>.md`` (partial ones say so), CSVs and figures.
 
 Here too: the suite file (``load``), the designs (``TunedBudget``, ``SeedPilot``) and the training of their plan
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from resnorm_lm.analysis.fit_processes import SweepTrainer
-from resnorm_lm.analysis.provenance import ProvenanceError, table_provenance
+from resnorm_lm.analysis.evidence import ProvenanceError, table_provenance
+from resnorm_lm.analysis.launchers import SweepTrainer
 from resnorm_lm.analysis.suite_report import (
     PilotReport,
     TunedReport,
@@ -566,7 +566,7 @@ class SeedPilot(Design):
 # As soon as a lane is free the next run of the plan starts (asked for again after every finished run, so a
 # recipe's extensions and seeds start while other recipes' grids train); a run that fails is not started again in
 # the same invocation (the next one resumes it); a stop (Ctrl-C, SIGTERM) reaches the runs in training, which save
-# at the end of their step, and the same command resumes the suite (``fit_processes.py``). The test split is
+# at the end of their step, and the same command resumes the suite (``launchers.py``). The test split is
 # evaluated, in the suite's arithmetic, only on the runs whose numbers a table reports.
 
 

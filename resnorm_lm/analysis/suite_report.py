@@ -1,4 +1,4 @@
-"""A suite's tables: its rows with their intervals (``intervals.py``), its provenance, and the files it writes.
+"""A suite's tables: its rows with their intervals (``evidence.py``), its provenance, and the files it writes.
 
 tuned: one row per recipe at its pick, over the fresh seeds only (the selection seed chose and is not reported):
 failures (stuck or diverged) as k of n with Wilson's interval, and apart from them the validation and test loss of
@@ -22,9 +22,16 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from resnorm_lm.analysis.intervals import Interval, Proportion, groups, mean_interval, paired_difference, t_quantile
+from resnorm_lm.analysis.evidence import (
+    Interval,
+    Proportion,
+    TableProvenance,
+    groups,
+    mean_interval,
+    paired_difference,
+    t_quantile,
+)
 from resnorm_lm.analysis.plots import panels, plt, recipe_colors, save_figure
-from resnorm_lm.analysis.provenance import TableProvenance
 from resnorm_lm.analysis.sweep import NOT_LEARNING_NATS, RunOutcome, RunSpec, Setting
 from resnorm_lm.data.cache import atomic_write, write_csv_atomic
 from resnorm_lm.train.diagnostics import TRAIN_LOSS, VAL_LOSS

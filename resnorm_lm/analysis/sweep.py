@@ -16,15 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from resnorm_lm.analysis.evaluate import RUN, eval_precision, evaluate_paths
-from resnorm_lm.analysis.intervals import num
+from resnorm_lm.analysis.evidence import num
+from resnorm_lm.analysis.trained_run import RUN, eval_precision, evaluate_paths
 from resnorm_lm.data.cache import atomic_write
 from resnorm_lm.train.precision import uses_cuda
 from resnorm_lm.train.recipes import recipe_at_depth, recipe_depth, tuned_overlay
 from resnorm_lm.train.runs import RunConfig, RunDir, run_directory
 
 if TYPE_CHECKING:
-    from resnorm_lm.analysis.fit_processes import SweepTrainer
+    from resnorm_lm.analysis.launchers import SweepTrainer
 
 NOT_LEARNING_NATS = 0.1  # a validation loss within this of the unigram reference (or above it) learned nothing
 

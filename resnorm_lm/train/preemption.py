@@ -17,7 +17,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from resnorm_lm.train.callbacks import StepBoundary
 
-# What a fit that ``compare`` started gets from the kernel when compare dies (resnorm_lm/analysis/fit_processes.py):
+# What a fit that ``compare`` started gets from the kernel when compare dies (resnorm_lm/analysis/launchers.py):
 # a stop like SIGTERM's, but never the "second signal, out at once" one, as the kernel may send it more than once
 # (once for each of compare's threads that exits after taking the fit over)
 LAUNCHER_GONE = signal.SIGUSR2

@@ -1,29 +1,31 @@
-"""``resnorm-lm eval``: perplexity, bits per byte and word-level perplexity of trained runs, as tables.
+"""What is done with one trained run: its perplexity (``resnorm-lm eval``), samples from it (``generate``) and
+its weights out for other tools (``export``). Each loads the run through ``train.loaded_run.load_run``, which checks
+the checkpoint and the data it was trained on before anything is read.
 
-resnorm-lm eval runs/prenorm-12l/cpu-seed1 runs/postnorm-12l/cpu-seed1 [--split validation test] [--precision run]
-
-Each run is scored on the data it was trained on (refused, exit 2, when that data changed since) at the
-precision it was trained with (``--precision 32-true`` for fp32, ``auto`` for this machine's fastest).
-What the table compares: bits per byte and word-level perplexity only runs evaluated on the same text (the
-same corpus fingerprint and split): one table per evaluation text, ranked within it. Token-level perplexity
-also needs the same tokenizer; word-level perplexity does not (the words of one text are the same for every
-tokenizer, and so is the probability a model gives the text).
+Each command's own description is its ``*_DESCRIPTION`` below (what ``resnorm-lm <command> --help`` prints).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
+from pathlib import Path
 from typing import Any, get_args
 
 import torch
 from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT_STR
 from lightning.pytorch.utilities import rank_zero_only
 
-from resnorm_lm.analysis.intervals import group_rows
-from resnorm_lm.data.cache import write_csv_atomic, write_json_atomic
+from resnorm_lm.analysis.evidence import group_rows
+from resnorm_lm.data.cache import atomic_write, write_csv_atomic, write_json_atomic
+from resnorm_lm.data.tokenizer import EOT
+from resnorm_lm.errors import ResnormError
+from resnorm_lm.model import exported
+from resnorm_lm.model.decoding import stream_text
 from resnorm_lm.model.gpt import count_parameters
+from resnorm_lm.train.lightning_module import data_identity
 from resnorm_lm.train.loaded_run import CheckpointError, LoadedRun, load_run
 from resnorm_lm.train.precision import (
     AUTO,
@@ -35,6 +37,19 @@ from resnorm_lm.train.precision import (
     uses_cuda,
 )
 from resnorm_lm.train.runs import RunDir
+
+EVAL_DESCRIPTION = """
+``resnorm-lm eval``: perplexity, bits per byte and word-level perplexity of trained runs, as tables.
+
+resnorm-lm eval runs/prenorm-12l/cpu-seed1 runs/postnorm-12l/cpu-seed1 [--split validation test] [--precision run]
+
+Each run is scored on the data it was trained on (refused, exit 2, when that data changed since) at the
+precision it was trained with (``--precision 32-true`` for fp32, ``auto`` for this machine's fastest).
+What the table compares: bits per byte and word-level perplexity only runs evaluated on the same text (the
+same corpus fingerprint and split): one table per evaluation text, ranked within it. Token-level perplexity
+also needs the same tokenizer; word-level perplexity does not (the words of one text are the same for every
+tokenizer, and so is the probability a model gives the text).
+"""
 
 RUN = "run"  # evaluate at the precision the run trained with
 PRECISIONS = (RUN, AUTO, *get_args(_PRECISION_INPUT_STR), "64", "32", "16", "bf16")  # Lightning's, and its aliases
@@ -216,9 +231,9 @@ def evaluate_paths(
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
+def eval_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="resnorm-lm eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="resnorm-lm eval", description=EVAL_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("runs", nargs="+", help="run directories (their last.ckpt), .ckpt files or export folders")
     parser.add_argument("--split", nargs="+", choices=sorted(SPLITS), default=["validation", "test"])
@@ -256,5 +271,132 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+GENERATE_DESCRIPTION = """
+``resnorm-lm generate``: sample text from a trained run, streamed to stdout.
+
+resnorm-lm generate runs/prenorm-12l/cpu-seed1 --prompt "ROMEO." --tokens 200 --temperature 0.8 --top_k 50
+"""
+
+
+def generate_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="resnorm-lm generate",
+        description=GENERATE_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("run", help="a run directory (its last.ckpt), a .ckpt file, or a resnorm-lm export folder")
+    parser.add_argument("--prompt", default="", help="text to continue (default: start of a document)")
+    parser.add_argument("--tokens", type=int, default=200, help="tokens to generate")
+    parser.add_argument("--temperature", type=float, default=0.8)
+    parser.add_argument("--top_k", type=int, default=50, help="0: no top-k cut")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--greedy", action="store_true", help="the most likely token each time (no sampling)")
+    args = parser.parse_args(argv)
+    if args.temperature <= 0 or args.tokens < 0 or args.top_k < 0:
+        parser.error("--temperature must be > 0, --tokens and --top_k >= 0")
+    try:
+        run = load_run(args.run)  # refuses data that is not what the run trained on: its tokenizer must match
+    except CheckpointError as err:
+        print(f"resnorm-lm generate: error: {err}", file=sys.stderr)
+        return 2
+    dm = run.datamodule
+    tokenizer = dm.prepared.tokenizer
+    eot = dm.manifest.eot_id
+    prompt_ids = [eot] + (tokenizer.encode(args.prompt).ids if args.prompt else [])
+    generator = torch.Generator().manual_seed(args.seed)
+    sys.stdout.write(args.prompt)
+    for piece in stream_text(
+        run.model.model,
+        tokenizer,
+        prompt_ids,
+        args.tokens,
+        args.temperature,
+        args.top_k or None,
+        generator,
+        args.greedy,
+    ):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    return 0
+
+
+EXPORT_DESCRIPTION = """
+``resnorm-lm export``: a trained run's weights out of its Lightning checkpoint, into a folder other tools read.
+
+    resnorm-lm export runs/prenorm-12l/cpu-seed1 exports/prenorm-12l
+
+The folder (``resnorm_lm/model/exported.py``): ``model.safetensors`` (weights only, no pickle), ``resnorm_lm.json``
+(the model's config, the run, its data), the tokenizer (``tokenizer.json``, with a ``tokenizer_config.json`` that
+``transformers.AutoTokenizer`` reads) and, for pre-norm and post-norm with LayerNorm, the ``config.json`` of
+transformers' GPT-2 or OPT, so that ``AutoModelForCausalLM.from_pretrained(folder)`` gives this model's logits.
+``resnorm-lm eval``, ``generate`` and ``fit --model.init_from=<folder>`` read it back without pickle.
+"""
+
+
+def tokenizer_files(tokenizer, block_size: int) -> dict[str, bytes]:
+    """The tokenizer as transformers' fast tokenizer reads it: the ``tokenizers`` file as it is, and a config that
+    names the class (without it transformers rebuilds a GPT-2 tokenizer from the vocabulary, dropping what the
+    file says about normalizing and splitting) and the end-of-text token."""
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": EOT,
+        "bos_token": EOT,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": block_size,
+    }
+    return {"tokenizer.json": tokenizer.to_str().encode(), "tokenizer_config.json": json.dumps(config).encode()}
+
+
+def export(run_path: str, folder: Path) -> tuple[str, str]:
+    """Write ``run_path``'s export into ``folder``; its layout and why."""
+    run = load_run(run_path)  # the final weights, and the data (and tokenizer) the run trained on, checked
+    gpt, dm = run.model.model, run.datamodule
+    extra = {
+        "run": {
+            "source": str(run.checkpoint),
+            "step": run.global_step,
+            "precision": run.precision,
+            "run_dir": str(run.run_dir) if run.run_dir else None,
+        },
+        "data": {k: v for k, v in dm.hparams.items() if not k.startswith("_")},
+        "data_identity": data_identity(dm.manifest),
+    }
+    layout, files = exported.files(gpt, dm.manifest.eot_id, extra)
+    files.update(tokenizer_files(dm.prepared.tokenizer, gpt.config.block_size))
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, content in files.items():
+        with atomic_write(folder / name, "wb") as f:
+            f.write(content)
+    return layout, exported.layout_for(gpt.config)[1]
+
+
+def export_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="resnorm-lm export", description=EXPORT_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("run", help="a run directory (its last.ckpt) or a .ckpt file")
+    parser.add_argument("folder", help="where the export goes (made; an earlier export there is replaced)")
+    args = parser.parse_args(argv)
+    folder = Path(args.folder)
+    if folder.is_file() or (folder.is_dir() and any(folder.iterdir()) and not exported.is_export(folder)):
+        print(
+            f"resnorm-lm export: error: {folder} exists and is not an export: choose an empty folder", file=sys.stderr
+        )
+        return 2
+    try:
+        layout, why = export(args.run, folder)
+    except ResnormError as err:
+        print(f"resnorm-lm export: error: {err}", file=sys.stderr)
+        return 2
+    print(f"resnorm-lm export: wrote {folder} ({layout} layout: {why})")
+    if layout != "resnorm_lm":
+        print(
+            f"  transformers: AutoModelForCausalLM.from_pretrained({str(folder)!r}), "
+            f"AutoTokenizer.from_pretrained({str(folder)!r})"
+        )
+    print(
+        f"  resnorm-lm: resnorm-lm eval {folder}; resnorm-lm generate {folder}; "
+        f"resnorm-lm fit ... --model.init_from={folder}"
+    )
+    return 0
