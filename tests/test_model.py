@@ -127,7 +127,8 @@ def test_tied_embeddings_and_parameter_count():
         (dict(norm_eps=0), "norm_eps must be > 0"),
         (
             dict(norm="group"),
-            "unknown norm 'group'; valid norms: derf, dyt, dyt_llm, dyt_lnout, dyt_paper, dyt_rms_readout, layernorm",
+            "unknown norm 'group'; valid norms: derf, dyt, dyt_llm, dyt_lnout, dyt_paper, dyt_paper_unscaled, "
+            "dyt_rms_readout, layernorm",
         ),
         (dict(norm="dyt", norm_backend="triton"), "norm_backend 'triton' implements layernorm and rmsnorm, not 'dyt'"),
         # settings nothing would read: a placement without norms, a norm without an epsilon

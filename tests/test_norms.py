@@ -174,10 +174,21 @@ def test_the_rms_readout_arm_sets_its_alpha_to_one_over_the_rms_of_its_input():
     assert type(build_norm("dyt_rms_readout", 16, role="mlp")) is NORMS.get("dyt_rms_readout")
 
 
+def test_the_unscaled_arm_is_dyt_paper_without_the_embedding_scale():
+    """dyt_paper_unscaled: the paper's alphas and no bias, and nothing on the embeddings (the stream starts at the
+    init's RMS)."""
+    for role in ("attention", "mlp", "final"):
+        arm, paper = build_norm("dyt_paper_unscaled", 16, role=role), build_norm("dyt_paper", 16, role=role)
+        assert arm.alpha.item() == paper.alpha.item() and arm.bias is None
+    assert isinstance(NORMS.get("dyt_paper_unscaled").input_scale(16), torch.nn.Identity)
+    assert not isinstance(NORMS.get("dyt_paper").input_scale(16), torch.nn.Identity)
+
+
 def test_unknown_norm_lists_valid_names():
     with pytest.raises(
         ValueError,
-        match="unknown norm 'batchnorm'.*derf, dyt, dyt_llm, dyt_lnout, dyt_paper, dyt_rms_readout, layernorm, none",
+        match="unknown norm 'batchnorm'.*derf, dyt, dyt_llm, dyt_lnout, dyt_paper, dyt_paper_unscaled, "
+        "dyt_rms_readout, layernorm, none",
     ):
         build_norm("batchnorm", 8)
 

@@ -31,8 +31,8 @@ class GPTConfig:
     # biases in Linear layers and in the norms that have one (layernorm, dyt, dyt_lnout, derf); rmsnorm, scalenorm,
     # dyt_llm and dyt_paper never have a bias, whatever this says (False: no bias parameters at all)
     bias: bool = True
-    # layernorm | rmsnorm | scalenorm | dyt | dyt_llm | dyt_paper | dyt_rms_readout | dyt_lnout | derf | none; a
-    # placement without norms (rezero) refuses any other than the default or none
+    # layernorm | rmsnorm | scalenorm | derf | none, and DyT's setups (dyt | dyt_llm | dyt_paper and its diagnostic
+    # arms); a placement without norms (rezero) refuses any other than the default or none
     norm: str = "layernorm"
     norm_backend: str = "torch"  # torch | triton
     # inside the square root: (x - mean) / sqrt(var + eps); a norm without one (dyt, dyt_llm, none) refuses another

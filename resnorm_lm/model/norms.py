@@ -198,6 +198,17 @@ class DynamicTanhPaper(DynamicTanhLLM):
         return cls(dim, eps=eps, alpha_init=attention if role == "attention" else mlp)
 
 
+@NORMS.register("dyt_paper_unscaled")
+class DynamicTanhPaperUnscaled(DynamicTanhPaper):
+    """``dyt_paper`` without the learnable sqrt(d) on the embeddings: the stream starts at GPT-2's init (RMS ~0.03
+    at width 128) as the repository's first DyT did. A diagnostic arm: is the paper's embedding scale what lets
+    DyT learn here (docs/designs.md)?"""
+
+    @classmethod
+    def input_scale(cls, dim: int) -> nn.Module:
+        return nn.Identity()
+
+
 @NORMS.register("dyt_rms_readout")
 class DynamicTanhRMSReadout(DynamicTanhPaper):
     """``dyt_paper`` in the blocks, and at the readout a DyT whose alpha is set at every forward pass to 1/RMS of
