@@ -51,7 +51,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from resnorm_lm.analysis.block_measurements import DEFAULT_TOKENS, block_means
+from resnorm_lm.analysis.block_measurements import DEFAULT_TOKENS, block_means, run_contribution
 from resnorm_lm.analysis.evidence import ProvenanceError, group_rows, num, table_provenance
 from resnorm_lm.analysis.launchers import CONFIG_ENV, SlurmError, SlurmOptions, SlurmSweepTrainer, SweepTrainer
 from resnorm_lm.analysis.sweep import (
@@ -617,7 +617,6 @@ def contribution_rows(
 ) -> tuple[list[dict], list[str]]:
     """layer_contribution.csv: a row per (recipe, depth, seed, block), measured on the runs at the picks;
     and the runs that could not be measured (no checkpoint and no cached measurement)."""
-    from resnorm_lm.analysis.block_measurements import run_contribution
 
     rows, missing = [], []
     for (recipe, n_layer), pairs in sorted(picked.items()):
