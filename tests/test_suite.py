@@ -91,6 +91,18 @@ def test_every_suite_in_the_repository_loads(recipes):
     assert "--trainer.precision=32-true" in placements.train_args() and placements.arithmetic == "portable"
     pilot = load("pilot-seeds")
     assert SeedPilot(pilot).max_runs == 13 and len(SeedPilot(pilot).plan({})) == 26
+    for name in available_suites():  # every file, recipes and all, as `make suite SUITE=<name>` reads it
+        assert load(name).name == name
+
+
+@pytest.mark.parametrize("horizon", ["placements-12l-2000", "placements-12l-2000-all"])
+def test_a_second_horizon_changes_only_max_steps(horizon):
+    base, long = load("placements-12l"), load(horizon)
+    assert set(long.recipes) <= set(base.recipes) and long.reference == base.reference
+    assert long.train == {**base.train, "trainer.max_steps": 2000}
+    assert (long.profile, long.arithmetic, long.sections) == (base.profile, base.arithmetic, base.sections)
+    if horizon.endswith("-all"):
+        assert long.recipes == base.recipes
 
 
 @pytest.mark.parametrize(
