@@ -1,4 +1,4 @@
-"""What each design costs beside pre-norm: parameters, FLOPs per token and the time of a training step.
+"""What each design costs beside pre-norm: parameters, FLOPs per token, activation memory and the time of a step.
 
     python benchmarks/bench_designs.py                        # the designs suite's recipes, cpu profile shapes
     python benchmarks/bench_designs.py --recipes hc-12l mhc-12l --rounds 7 --device cuda
@@ -7,7 +7,10 @@ FLOPs are counted by ``torch.utils.flop_counter.FlopCounterMode`` over one forwa
 and attention; elementwise work, such as Sinkhorn's normalizations or a norm, is not counted), per token. The step
 time is forward, backward and an AdamW step on random tokens, in fp32, eager; each round times every recipe once in
 a shuffled order, and the ratio to pre-norm is the median of the rounds' ratios (a loaded machine moves both sides
-of a round alike). A benchmark prints what it measured; it decides nothing.
+of a round alike). The activation memory is what autograd keeps for the backward pass of one forward (each storage
+once, the parameters not counted): it does not depend on the machine, and it is where a widened stream shows (HC
+and mHC carry 4 copies of the (B, T, C) stream). On CUDA the peak allocated memory of a step is printed too. A
+benchmark prints what it measured; it decides nothing.
 """
 
 from __future__ import annotations
@@ -52,6 +55,35 @@ def flops_per_token(model: GPT, idx: torch.Tensor) -> float:
     return counter.get_total_flops() / idx.numel()
 
 
+def saved_for_backward_bytes(model: GPT, idx: torch.Tensor) -> int:
+    """Bytes autograd keeps for the backward pass of one forward on ``idx`` (B, T): every tensor saved for
+    backward, each underlying storage counted once (views share it), parameters and their storages excluded."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            storages[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        _, loss = model(idx, idx)
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+    return sum(storages.values())
+
+
+def peak_step_bytes(model: GPT, optimizer: torch.optim.Optimizer, idx: torch.Tensor) -> int | None:
+    """Peak CUDA memory allocated over one training step (None on a CPU, where torch does not track it)."""
+    if not idx.is_cuda:
+        return None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    step_seconds(model, optimizer, idx, steps=1)
+    return torch.cuda.max_memory_allocated()
+
+
 def step_seconds(model: GPT, optimizer: torch.optim.Optimizer, idx: torch.Tensor, steps: int) -> float:
     """Mean seconds of ``steps`` training steps (forward, backward, AdamW) after one untimed step."""
     for i in range(steps + 1):
@@ -84,7 +116,13 @@ def main() -> int:
         model = GPT(cfg).to(device)
         idx = torch.randint(cfg.vocab_size, (args.batch, cfg.block_size), device=device)
         models[recipe], optimizers[recipe] = (model, idx), torch.optim.AdamW(model.parameters(), lr=1e-4)
-        rows[recipe] = {"params": count_parameters(model), "flops": flops_per_token(model, idx), "ratios": []}
+        rows[recipe] = {
+            "params": count_parameters(model),
+            "flops": flops_per_token(model, idx),
+            "saved": saved_for_backward_bytes(model, idx),
+            "peak": peak_step_bytes(model, optimizers[recipe], idx),
+            "ratios": [],
+        }
     for round_ in range(args.rounds):
         order = list(args.recipes)
         random.Random(round_).shuffle(order)
@@ -96,14 +134,20 @@ def main() -> int:
     base = rows[reference]
     print(f"\n{args.profile} profile shapes, batch {args.batch}, fp32 eager on {device}, torch {torch.__version__}")
     print(f"{reference}: {statistics.median(base['seconds']):.3f} s a step (median of {args.rounds} rounds)\n")
-    print("| recipe | parameters | x ref | FLOPs/token (counted) | x ref | step time x ref (median, min..max) |")
-    print("|---|---|---|---|---|---|")
+    peak = "" if base["peak"] is None else " peak CUDA memory | x ref |"
+    print(
+        "| recipe | parameters | x ref | FLOPs/token (counted) | x ref | saved for backward | x ref |"
+        f"{peak} step time x ref (median, min..max) |"
+    )
+    print("|---" * (10 if peak else 8) + "|")
     for recipe, row in rows.items():
         ratios = row["ratios"]
         print(
             f"| {recipe} | {row['params'] / 1e6:.3f}M | {row['params'] / base['params']:.3f} | "
             f"{row['flops'] / 1e6:.2f}M | {row['flops'] / base['flops']:.3f} | "
-            f"{statistics.median(ratios):.2f} ({min(ratios):.2f}..{max(ratios):.2f}) |"
+            f"{row['saved'] / 2**20:.1f} MiB | {row['saved'] / base['saved']:.2f} | "
+            + ("" if row["peak"] is None else f"{row['peak'] / 2**20:.0f} MiB | {row['peak'] / base['peak']:.2f} | ")
+            + f"{statistics.median(ratios):.2f} ({min(ratios):.2f}..{max(ratios):.2f}) |"
         )
     return 0
 

@@ -95,14 +95,72 @@ def test_every_suite_in_the_repository_loads(recipes):
         assert load(name).name == name
 
 
-@pytest.mark.parametrize("horizon", ["placements-12l-2000", "placements-12l-2000-all"])
-def test_a_second_horizon_changes_only_max_steps(horizon):
-    base, long = load("placements-12l"), load(horizon)
-    assert set(long.recipes) <= set(base.recipes) and long.reference == base.reference
-    assert long.train == {**base.train, "trainer.max_steps": 2000}
-    assert (long.profile, long.arithmetic, long.sections) == (base.profile, base.arithmetic, base.sections)
-    if horizon.endswith("-all"):
-        assert long.recipes == base.recipes
+def test_the_second_horizons_in_the_repository_are_placements_at_2000_steps():
+    base = load("placements-12l")
+    for name in ("placements-12l-2000", "placements-12l-2000-all"):
+        long = load(name)  # the loader checks that nothing but trainer.max_steps differs
+        assert long.horizon_of == "placements-12l" and long.max_steps == 2000 and set(long.recipes) <= set(base.recipes)
+    assert load("placements-12l-2000-all").recipes == base.recipes
+
+
+def horizon_file(tmp_path: Path, **changes) -> Path:
+    """suite.yaml (suite_file's, 6 steps) and long.yaml, its second horizon at 12 steps unless ``changes``."""
+    raw = yaml.safe_load(suite_file(tmp_path).read_text())
+    raw.update({"horizon_of": "suite", "train": {"trainer.max_steps": 12}}, **changes)
+    path = tmp_path / "long.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+@pytest.mark.parametrize(
+    "change, said",
+    [
+        ({"train": {"trainer.max_steps": 6}}, "trainer.max_steps must differ from suite's (6)"),
+        ({"train": {"trainer.max_steps": 12, "trainer.gradient_clip_val": 1.0}}, "train differs beyond"),
+        ({"profile": "cpu"}, "its profile differs (cpu against smoke)"),
+        ({"recipes": ["a-12l", "sandwich-12l"]}, "sandwich-12l not in suite"),
+        ({"horizon_of": "long"}, "cannot be a second horizon of itself"),
+        ({"horizon_of": "nope"}, "unknown suite 'nope'"),
+    ],
+)
+def test_a_second_horizon_that_changes_more_than_max_steps_is_refused(tmp_path, recipes, change, said):
+    assert load(str(horizon_file(tmp_path))).horizon_of == "suite"  # as written: accepted
+    with pytest.raises(SuiteError) as err:
+        load(str(horizon_file(tmp_path, **change)))
+    assert said in str(err.value)
+
+
+def test_a_second_horizon_says_which_verdicts_change(tmp_path, recipes, monkeypatch, capsys):
+    """b is 0.1 nats behind a at 6 steps in every seed (behind); at 12 steps the seeds disagree about the sign
+    (a tie): horizons.md says the verdict changed, with both intervals, and draws both in one forest plot."""
+    from resnorm_lm.analysis import suite as suite_module
+
+    monkeypatch.setattr(suite_module, "unigram_reference", lambda run_dir: UNIGRAM)
+    long_path = horizon_file(tmp_path)
+    results = tmp_path / "results"
+    later = {1: 0.02, 2: -0.03, 3: 0.01, 4: -0.01, 5: 0.0}  # b minus a, seed by seed, at 12 steps
+    for path, root, b_minus_a in ((tmp_path / "suite.yaml", "short", lambda k: 0.1), (long_path, "long", later.get)):
+        design = TunedBudget(load(str(path)))
+        for recipe in ("a-12l", "b-12l"):
+            for spec in outcomes_for(design, recipe, bowl(0.002)):
+                val = bowl(0.002)(spec.setting, spec.seed) + (b_minus_a(spec.seed) or 0 if recipe == "b-12l" else 0)
+                fake_run(tmp_path / root, spec, val, test=val + 0.2)
+    args = ["--no-train", "--results", str(results)]
+    assert main([str(long_path), "--root", str(tmp_path / "long"), *args]) == 0  # before the short table exists
+    assert "render it first (make suite SUITE=suite ARGS=--no-train)" in capsys.readouterr().out
+    assert not (results / "long" / "horizons.md").exists()
+    assert main([str(tmp_path / "suite.yaml"), "--root", str(tmp_path / "short"), *args]) == 0
+    assert main([str(long_path), "--root", str(tmp_path / "long"), *args]) == 0
+    markdown = (results / "long" / "horizons.md").read_text()
+    assert "| `a-12l` | 0.002 / 0.3 |" in markdown and "| reference | 0.002 / 0.3 |" in markdown
+    b = next(line for line in markdown.splitlines() if line.startswith("| `b-12l`"))
+    assert "| +0.100 ± 0.000 | behind |" in b and "| -0.002 ± 0.024 | tie | yes |" in b  # t(0.975, 4) 0.0192 / sqrt(5)
+    rows = list(csv.DictReader((results / "long" / "horizons.csv").open()))
+    assert [(r["recipe"], r["verdict_short"], r["verdict_long"], r["changed"]) for r in rows] == [
+        ("a-12l", "reference", "reference", "-"),
+        ("b-12l", "behind", "tie", "yes"),
+    ]
+    assert (results / "long" / "horizons.png").stat().st_size > 0
 
 
 @pytest.mark.parametrize(

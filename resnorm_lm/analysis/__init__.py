@@ -9,6 +9,8 @@
                            or SLURM jobs (``--launcher slurm``), never two for one run
     suite.py               ``suite``: a pre-registered suite's file, designs and training
     suite_report.py        the suite's tables (intervals, paired differences, failures) and figures
+    horizons.py            a second horizon beside its suite: each recipe's paired difference at both horizons,
+                           the verdicts and which change
     evidence.py            what a table may claim: t intervals, paired differences, Wilson's interval, the groups
                            they do not separate; whether its rows share one arithmetic (their provenance)
     plots.py               loss curves, LR sensitivity, gradient norms, the depth figures

@@ -332,3 +332,17 @@ def table_provenance(runs: Iterable[tuple[str, Path]]) -> TableProvenance:
     for recipe, run_dir in runs:
         by_recipe.setdefault(recipe, []).append(Path(run_dir))
     return TableProvenance(by_recipe)
+
+
+def interval_columns(row: dict[str, Any]) -> dict[str, Any]:
+    """A row for the CSV: every interval as its mean, half-width and n; a proportion as k and n."""
+    out: dict[str, Any] = {}
+    for key, value in row.items():
+        if isinstance(value, Interval):
+            out.update({f"{key}_mean": value.mean, f"{key}_half_width": value.half_width, f"{key}_n": value.n})
+        elif isinstance(value, Proportion):
+            low, high = value.interval()
+            out.update({f"{key}_k": value.k, f"{key}_n": value.n, f"{key}_low": low, f"{key}_high": high})
+        else:
+            out[key] = value
+    return out

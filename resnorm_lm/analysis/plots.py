@@ -52,6 +52,36 @@ def save_figure(fig, axes, legend_axes, path: Path) -> Path:
     return path
 
 
+def forest_plot(rows: list[dict], series: list[tuple[str, str, str]], xlabel: str, path: Path) -> Path:
+    """A forest plot: one line per row (its ``recipe``, top to bottom in order), on it each of ``series``
+    (key, label, marker) that the row has as a point with its 95% interval (an ``evidence.Interval``); zero marked.
+    The first series is drawn filled, the others open, so that they read apart in grey too."""
+    colors = recipe_colors([r["recipe"] for r in rows])
+    fig, ax = plt.subplots(figsize=(6.4, 0.45 * len(rows) + 1.4))
+    offsets = [0.12 - 0.24 * k / (len(series) - 1) if len(series) > 1 else 0.0 for k in range(len(series))]
+    for key, label, marker in series:  # the legend in black: the colours are the recipes'
+        ax.plot([], [], marker, color="black", mfc=None if key == series[0][0] else "white", ms=4, label=label)
+    for i, row in enumerate(reversed(rows)):
+        for (key, _, marker), offset in zip(series, offsets):
+            ci = row.get(key)
+            if ci is None or not math.isfinite(ci.mean):
+                continue
+            ax.errorbar(
+                [ci.mean],
+                [i + offset],
+                xerr=[[ci.half_width or 0], [ci.half_width or 0]],
+                fmt=marker,
+                color=colors[row["recipe"]],
+                mfc=None if key == series[0][0] else "white",
+                capsize=3,
+                ms=4,
+            )
+    ax.axvline(0, color="black", lw=0.8)
+    ax.set_yticks(range(len(rows)), [r["recipe"] for r in reversed(rows)], fontsize=8)
+    ax.set_xlabel(xlabel)
+    return save_figure(fig, [ax], [ax], path)
+
+
 def recipe_colors(recipes) -> dict[str, tuple]:
     """One colour per recipe, the same in every figure: tab10 up to ten recipes (tab20's pairs look alike)."""
     names = sorted(set(recipes))

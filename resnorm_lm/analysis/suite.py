@@ -28,17 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from resnorm_lm.analysis.evidence import ProvenanceError, table_provenance
+from resnorm_lm.analysis.horizons import horizon_mismatch, write_horizons
 from resnorm_lm.analysis.launchers import SweepTrainer
-from resnorm_lm.analysis.suite_report import (
-    PilotReport,
-    TunedReport,
-    pilot_markdown,
-    plot_lr_panels,
-    plot_paired_differences,
-    plot_seed_spread,
-    tuned_markdown,
-    write_tables,
-)
+from resnorm_lm.analysis.suite_report import PilotReport, TunedReport, write_pilot, write_tuned
 from resnorm_lm.analysis.sweep import RunOutcome, RunSpec, Setting, evaluated, unigram_reference
 from resnorm_lm.errors import ResnormError
 from resnorm_lm.registry import Registry
@@ -129,25 +121,13 @@ def main(argv: list[str] | None = None) -> int:
         ]
         evaluate_test(suite, picks)
         rows = report.rows()
-        written = write_tables(
-            out_dir,
-            suite.name,
-            tuned_markdown(report, rows, provenance, partial),
-            {"table": rows, "runs": report.grid_rows()},
-        )
-        written += [
-            p for p in (plot_lr_panels(report, rows, out_dir), plot_paired_differences(report, rows, out_dir)) if p
-        ]
+        written = write_tuned(report, rows, provenance, partial, out_dir)
+        if suite.horizon_of is not None:
+            steps = (load(suite.horizon_of, suite.path.parent).max_steps, suite.max_steps)
+            written += write_horizons(suite.name, suite.horizon_of, suite.reference, steps, rows, Path(args.results))
     else:
         assert isinstance(design, SeedPilot)
-        report = PilotReport(suite, design, outcomes, unigram)
-        written = write_tables(
-            out_dir,
-            suite.name,
-            pilot_markdown(report, provenance, partial),
-            {"spread": report.spread_rows(), "pairing": report.pairing_rows()},
-        )
-        written.append(plot_seed_spread(report, out_dir))
+        written = write_pilot(PilotReport(suite, design, outcomes, unigram), provenance, partial, out_dir)
     print((out_dir / f"{suite.name}.md").read_text())
     if args.export:  # after the test evaluation: its numbers are in eval.json
         copied = copy_small_files([s.run_dir(root, suite.profile) for s in outcomes], Path(root), Path(args.export))
@@ -186,6 +166,7 @@ KEYS = {
     "arithmetic": "portable (the default) or native",
     "budget": "the tuned design's grid, extensions and seeds",
     "pilot": "the seeds design's settings and seeds",
+    "horizon_of": "a suite this one repeats at another trainer.max_steps, all else equal (a second horizon)",
 }
 
 
@@ -227,6 +208,7 @@ class Suite:
     train: dict[str, Any]
     arithmetic: str = "portable"
     sections: dict[str, Any] = field(default_factory=dict)  # the design's own section (budget: or pilot:)
+    horizon_of: str | None = None  # the suite this one repeats at another horizon (horizons.py)
 
     def train_args(self) -> list[str]:
         """The ``fit`` overrides of every run: the file's ``train`` section."""
@@ -328,8 +310,15 @@ def load(name: str, root: Path = SUITES_DIR) -> Suite:
         train=dict(train),
         arithmetic=arithmetic,
         sections={k: raw[k] for k in ("budget", "pilot") if k in raw},
+        horizon_of=raw.get("horizon_of"),
     )
     design.check(suite)
+    if suite.horizon_of is not None:  # a second horizon: nothing but trainer.max_steps may differ
+        if suite.horizon_of == suite.name:
+            raise SuiteError(f"{path}: horizon_of: a suite cannot be a second horizon of itself")
+        mismatch = horizon_mismatch(suite, load(suite.horizon_of, path.parent))
+        if mismatch:
+            raise SuiteError(f"{path}: horizon_of {suite.horizon_of!r}: {mismatch}")
     return suite
 
 

@@ -27,11 +27,12 @@ from resnorm_lm.analysis.evidence import (
     Proportion,
     TableProvenance,
     groups,
+    interval_columns,
     mean_interval,
     paired_difference,
     t_quantile,
 )
-from resnorm_lm.analysis.plots import panels, plt, recipe_colors, save_figure
+from resnorm_lm.analysis.plots import forest_plot, panels, save_figure
 from resnorm_lm.analysis.sweep import NOT_LEARNING_NATS, RunOutcome, RunSpec, Setting
 from resnorm_lm.data.cache import atomic_write, write_csv_atomic
 from resnorm_lm.train.diagnostics import TRAIN_LOSS, VAL_LOSS
@@ -368,20 +369,6 @@ def fit_table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def interval_columns(row: dict[str, Any]) -> dict[str, Any]:
-    """A row for the CSV: every interval as its mean, half-width and n; a proportion as k and n."""
-    out: dict[str, Any] = {}
-    for key, value in row.items():
-        if isinstance(value, Interval):
-            out.update({f"{key}_mean": value.mean, f"{key}_half_width": value.half_width, f"{key}_n": value.n})
-        elif isinstance(value, Proportion):
-            low, high = value.interval()
-            out.update({f"{key}_k": value.k, f"{key}_n": value.n, f"{key}_low": low, f"{key}_high": high})
-        else:
-            out[key] = value
-    return out
-
-
 # ---------------------------------------------------------------------------------------- the seed pilot
 
 
@@ -532,6 +519,21 @@ def write_tables(out_dir: Path, name: str, markdown: str, tables: dict[str, list
     return written
 
 
+def write_tuned(report: TunedReport, rows: list[dict], provenance: TableProvenance, partial: bool, out_dir: Path):
+    """A tuned suite's files: ``<name>.md``, table.csv (its rows), runs.csv (every run) and both figures."""
+    markdown = tuned_markdown(report, rows, provenance, partial)
+    written = write_tables(out_dir, report.suite.name, markdown, {"table": rows, "runs": report.grid_rows()})
+    figures = (plot_lr_panels(report, rows, out_dir), plot_paired_differences(report, rows, out_dir))
+    return written + [p for p in figures if p]
+
+
+def write_pilot(report: PilotReport, provenance: TableProvenance, partial: bool, out_dir: Path) -> list[Path]:
+    """The seed pilot's files: ``<name>.md``, spread.csv, pairing.csv and the spread figure."""
+    markdown = pilot_markdown(report, provenance, partial)
+    tables = {"spread": report.spread_rows(), "pairing": report.pairing_rows()}
+    return [*write_tables(out_dir, report.suite.name, markdown, tables), plot_seed_spread(report, out_dir)]
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # A suite's figures: each recipe's LR sensitivity in a panel of its own, with the pick's interval; the paired
 # differences from the reference as a forest plot; the seed pilot's spread by what varies.
@@ -584,27 +586,9 @@ def plot_paired_differences(report: TunedReport, rows: list[dict], out_dir: Path
     shown = [r for r in rows if r.get("delta_val") is not None]
     if not shown:
         return None
-    colors = recipe_colors(report.suite.recipes)
-    fig, ax = plt.subplots(figsize=(6.4, 0.45 * len(shown) + 1.4))
-    for i, row in enumerate(reversed(shown)):
-        for key, offset, marker in (("delta_val", 0.12, "o"), ("delta_test", -0.12, "s")):
-            ci = row.get(key)
-            if ci is None:
-                continue
-            ax.errorbar(
-                [ci.mean],
-                [i + offset],
-                xerr=[[ci.half_width or 0], [ci.half_width or 0]],
-                fmt=marker,
-                color=colors[row["recipe"]],
-                capsize=3,
-                ms=4,
-                label={"delta_val": "validation", "delta_test": "test"}[key] if i == 0 else None,
-            )
-    ax.axvline(0, color="black", lw=0.8)
-    ax.set_yticks(range(len(shown)), [r["recipe"] for r in reversed(shown)], fontsize=8)
-    ax.set_xlabel(f"loss minus {report.suite.reference}'s, paired by seed (nats; 95% interval)")
-    return save_figure(fig, [ax], [ax], out_dir / "paired_differences.png")
+    series = [("delta_val", "validation", "o"), ("delta_test", "test", "s")]
+    xlabel = f"loss minus {report.suite.reference}'s, paired by seed (nats; 95% interval)"
+    return forest_plot(shown, series, xlabel, out_dir / "paired_differences.png")
 
 
 def plot_seed_spread(report: PilotReport, out_dir: Path) -> Path:
