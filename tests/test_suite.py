@@ -146,6 +146,8 @@ def test_a_second_horizon_says_which_verdicts_change(tmp_path, recipes, monkeypa
                 val = bowl(0.002)(spec.setting, spec.seed) + (b_minus_a(spec.seed) or 0 if recipe == "b-12l" else 0)
                 fake_run(tmp_path / root, spec, val, test=val + 0.2)
     args = ["--no-train", "--results", str(results)]
+    assert main([str(long_path), "--root", str(tmp_path / "nowhere"), *args]) == 1
+    assert "no finished runs of long under" in capsys.readouterr().err and not results.exists()
     assert main([str(long_path), "--root", str(tmp_path / "long"), *args]) == 0  # before the short table exists
     assert "render it first (make suite SUITE=suite ARGS=--no-train)" in capsys.readouterr().out
     assert not (results / "long" / "horizons.md").exists()

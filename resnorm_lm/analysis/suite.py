@@ -101,7 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     failed = set() if args.no_train else train_suite(suite, design, root, jobs, args.logger, machine)
     plan, outcomes = settle(design, root, suite.profile)
     if not outcomes:
-        print(f"resnorm-lm suite: no finished runs of {suite.name} under {root}", file=sys.stderr)
+        print(
+            f"resnorm-lm suite: no finished runs of {suite.name} under {root}: train them (make suite "
+            f"SUITE={suite.name}), or give --root where they are",
+            file=sys.stderr,
+        )
         return 1
     partial = any(spec not in outcomes for spec in plan) or bool(failed)
     provenance = table_provenance((spec.recipe, spec.run_dir(root, suite.profile)) for spec in outcomes)
