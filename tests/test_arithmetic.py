@@ -80,3 +80,15 @@ def test_a_smoke_run_records_its_arithmetic_and_its_seeds(recipe_run):
     assert set(record["fingerprint"]) == {"version", "reference", "model"} and record["precision"] == "32-true"
     assert manifest["segments"][-1]["arithmetic"] == record
     assert manifest["seeds"] == {"init": 1, "data_order": 1}  # seed 1 sets both
+
+
+def test_the_command_prints_each_recipes_model_fingerprint_as_a_run_records_it(capsys):
+    from resnorm_lm.train.arithmetic import main
+    from resnorm_lm.train.recipes import recipe_arch
+
+    assert main(["--profile", "smoke", "--recipes", "prenorm-12l", "postnorm-12l", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    cpu = torch.device("cpu")
+    for recipe in ("prenorm-12l", "postnorm-12l"):  # what a run of the recipe at the smoke profile records
+        assert printed["models"][recipe] == fingerprint(recipe_arch(recipe, "smoke"), 4, cpu, "32-true")["model"]
+    assert printed["models"]["prenorm-12l"] != printed["models"]["postnorm-12l"]

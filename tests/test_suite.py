@@ -481,3 +481,11 @@ def test_a_tiny_suite_trains_resumes_and_never_trains_a_finished_run_twice(tmp_p
     again = run_cli_captured(args)  # everything finished: nothing trains, the same table
     assert again.returncode == 0 and "suite: training" not in again.stdout
     assert list(csv.DictReader((tmp_path / "results" / "tiny" / "table.csv").open()))[0]["recipe"] == table[0]["recipe"]
+    twin = tmp_path / "twin.yaml"  # another suite that wants the same runs: it takes them, and trains none
+    twin.write_text(path.read_text())
+    reuse = ["suite", str(twin), "--root", str(tmp_path / "twin"), "--results", str(tmp_path / "results")]
+    taken = run_cli_captured([*reuse, "--reuse", str(tmp_path / "runs"), "--no-train"])
+    assert taken.returncode == 0, taken.stderr[-3000:]
+    assert f"{len(runs)} finished run(s) reused" in taken.stdout and "not reused" not in taken.stdout
+    twin_table = list(csv.DictReader((tmp_path / "results" / "twin" / "table.csv").open()))
+    assert [(r["recipe"], r["val_loss_mean"]) for r in twin_table] == [(r["recipe"], r["val_loss_mean"]) for r in table]

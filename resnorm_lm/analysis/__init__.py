@@ -9,6 +9,8 @@
                            or SLURM jobs (``--launcher slurm``), never two for one run
     suite.py               ``suite``: a pre-registered suite's file, designs and training
     suite_report.py        the suite's tables (intervals, paired differences, failures) and figures
+    reuse.py               ``suite --reuse``: another suite's finished runs taken where they are this suite's, bit
+                           for bit (config and arithmetic fingerprint), instead of trained twice
     horizons.py            a second horizon beside its suite: each recipe's paired difference at both horizons,
                            the verdicts and which change
     evidence.py            what a table may claim: t intervals, paired differences, Wilson's interval, the groups

@@ -17,6 +17,7 @@ Here too: the suite file (``load``), the designs (``TunedBudget``, ``SeedPilot``
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import subprocess
@@ -30,6 +31,7 @@ from typing import Any
 from resnorm_lm.analysis.evidence import ProvenanceError, table_provenance
 from resnorm_lm.analysis.horizons import horizon_mismatch, write_horizons
 from resnorm_lm.analysis.launchers import SweepTrainer
+from resnorm_lm.analysis.reuse import reuse_runs
 from resnorm_lm.analysis.suite_report import PilotReport, TunedReport, write_pilot, write_tuned
 from resnorm_lm.analysis.sweep import RunOutcome, RunSpec, Setting, evaluated, unigram_reference
 from resnorm_lm.errors import ResnormError
@@ -69,6 +71,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "of their own, in a --root of their own (docs/comparing.md)",
     )
     parser.add_argument(
+        "--reuse",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="take the finished runs this suite wants from another suite's root (or run files) where their config "
+        "and arithmetic fingerprint are this suite's here, instead of training them (analysis/reuse.py); repeatable",
+    )
+    parser.add_argument(
         "--mix-provenance",
         action="store_true",
         help="render runs of different arithmetic in one table, each row marked (refused otherwise)",
@@ -83,6 +93,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.jobs is not None and args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
+    if any(not Path(d).is_dir() for d in args.reuse):
+        parser.error(f"--reuse: no such folder of runs: {', '.join(d for d in args.reuse if not Path(d).is_dir())}")
     return args
 
 
@@ -98,14 +110,14 @@ def main(argv: list[str] | None = None) -> int:
     root = args.root or f"runs/suites/{suite.name}"
     jobs = args.jobs or max(1, os.cpu_count() or 1)
     started = time.time()
+    if args.reuse:  # another suite's finished runs that this one wants, where they are this suite's here
+        fit = functools.partial(SuiteTrainer(suite, root, 1, args.logger, machine).command, resume=False)
+        reuse_runs(suite, functools.partial(settle, design, root, suite.profile), root, args.reuse, fit)
     failed = set() if args.no_train else train_suite(suite, design, root, jobs, args.logger, machine)
     plan, outcomes = settle(design, root, suite.profile)
     if not outcomes:
-        print(
-            f"resnorm-lm suite: no finished runs of {suite.name} under {root}: train them (make suite "
-            f"SUITE={suite.name}), or give --root where they are",
-            file=sys.stderr,
-        )
+        hint = f"train them (make suite SUITE={suite.name}), or give --root where they are"
+        print(f"resnorm-lm suite: no finished runs of {suite.name} under {root}: {hint}", file=sys.stderr)
         return 1
     partial = any(spec not in outcomes for spec in plan) or bool(failed)
     provenance = table_provenance((spec.recipe, spec.run_dir(root, suite.profile)) for spec in outcomes)

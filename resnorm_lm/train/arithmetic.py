@@ -119,20 +119,24 @@ def probe_digest(arch: GPTConfig, batch_size: int, device: torch.device, precisi
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m resnorm_lm.train.arithmetic [--profile cpu] [--portable]``: this machine's fingerprint at a
-    profile's shapes, in fp32, without training a run: compare it with a table's to know whether this machine
-    computes its numbers."""
+    """``python -m resnorm_lm.train.arithmetic [--profile cpu] [--portable] [--recipes R ...] [--json]``: this
+    machine's fingerprints at a profile's shapes, in fp32, without training a run: the reference's, and with
+    ``--recipes`` each recipe's model fingerprint. Compare them with a table's to know whether this machine and this
+    code compute its numbers (``suite --reuse`` does, before it copies another suite's runs)."""
     import argparse
+    import json
     import sys
 
     import yaml
 
     from resnorm_lm.train.cpu_attention import use_for_run
-    from resnorm_lm.train.recipes import RECIPES_DIR, resolve_profile
+    from resnorm_lm.train.recipes import RECIPES_DIR, recipe_arch, resolve_profile
 
     parser = argparse.ArgumentParser(prog="python -m resnorm_lm.train.arithmetic", description=main.__doc__)
     parser.add_argument("--profile", default="cpu", help="whose width, heads, vocabulary, context and batch")
     parser.add_argument("--portable", action="store_true", help="in the portable arithmetic (the suites')")
+    parser.add_argument("--recipes", nargs="*", default=[], help="recipes whose model fingerprints to print too")
+    parser.add_argument("--json", action="store_true", help="one JSON object: reference, models, version")
     args = parser.parse_args(argv)
     if args.portable and not is_portable(environment()):  # the caps are read when the libraries load: start again
         os.execve(
@@ -151,11 +155,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     use_for_run("32-true", data["batch_size"], arch["n_head"], data["block_size"], arch["n_embd"])  # as a fit does
     record = describe(torch.device("cpu"), "32-true")
-    digest = probe_digest(reference, data["batch_size"], torch.device("cpu"), "32-true")
+    cpu = torch.device("cpu")
+    digest = probe_digest(reference, data["batch_size"], cpu, "32-true")
+    models = {r: probe_digest(recipe_arch(r, args.profile), data["batch_size"], cpu, "32-true") for r in args.recipes}
+    if args.json:
+        print(json.dumps({"version": FINGERPRINT_VERSION, "reference": digest, "models": models}))
+        return 0
     print(
         f"reference fingerprint at the {args.profile} profile, fp32 on CPU: {digest} (v{FINGERPRINT_VERSION}); "
         f"cpu_capability {record['cpu_capability']}, {record['threads']} thread(s), portable {record['portable']}"
     )
+    for recipe, model in models.items():
+        print(f"model fingerprint of {recipe}: {model} (v{FINGERPRINT_VERSION})")
     return 0
 
 
