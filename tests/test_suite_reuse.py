@@ -104,8 +104,9 @@ def test_the_runs_a_suite_wants_are_taken_where_config_and_arithmetic_match(tmp_
 
 def test_a_config_differs_only_where_a_run_computes_something_else():
     want = flatten({"seed_everything": 3, "data": {"seed": None}, "model": {"arch": {"qk_norm": "none"}}})
-    have = flatten({"seed_everything": 3, "data": {"seed": 3}, "run": {"root": "elsewhere"}})
-    assert config_differences(want, have) == []  # the data seed follows the seed; qk_norm added since; the root
+    have = flatten({"seed_everything": 3, "data": {"seed": 3}, "run": {"root": "elsewhere"}, "ckpt_path": "last"})
+    assert config_differences(want, have) == []  # the data seed follows the seed; qk_norm added since; the root;
+    # a resumed run's resume point (a resume is exact)
     assert config_differences(want, {**have, "data.seed": 4}) == ["data.seed: run 4, suite None"]
     assert config_differences({**want, "model.arch.qk_norm": "full"}, have) == [
         "model.arch.qk_norm: run '(absent)', suite 'full'"

@@ -40,8 +40,17 @@ from resnorm_lm.train.runs import RunDir, copy_small_files, working_root
 if TYPE_CHECKING:
     from resnorm_lm.analysis.suite import Suite
 
-# where a run lives and what it is called, and what only shows it: not part of what it computes
-RELOCATABLE = ("run.root", "run.group", "run.tag", "run.logger", "trainer.enable_progress_bar", "data.cache_dir")
+# where a run lives, what it is called, what only shows it, and where a resumed run resumed from (a resume is exact:
+# tests/test_faults.py): not part of what it computes
+RELOCATABLE = (
+    "run.root",
+    "run.group",
+    "run.tag",
+    "run.logger",
+    "trainer.enable_progress_bar",
+    "data.cache_dir",
+    "ckpt_path",
+)
 ADDED_AT_DEFAULT = (None, "none", False)  # an option a run's code did not have, at a value that changes nothing
 
 
