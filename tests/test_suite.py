@@ -332,6 +332,11 @@ def test_a_suite_under_way_renders_its_figures_with_the_recipes_not_yet_run_mark
     assert {r["recipe"]: r["runs"] for r in rows} == {"a-12l": 15, "b-12l": 0}
     panels = plot_lr_panels(report, rows, tmp_path)
     assert panels.stat().st_size > 0
+    begun = {s: fake_run(tmp_path / "runs", s, 5.3) for s in design.plan(outcomes) if s.recipe == "b-12l"}
+    begun = dict(list(begun.items())[:3])  # three of b's grid runs finished: drawn, no pick yet
+    partial = TunedReport(suite, design, {**outcomes, **begun}, str(tmp_path / "runs"), UNIGRAM)
+    assert len(partial.selections["b-12l"].scores) == 3 and partial.selections["b-12l"].pick is None
+    assert plot_lr_panels(partial, partial.rows(), tmp_path).stat().st_size > 0
     forest = plot_paired_differences(report, rows, tmp_path)  # b has nothing to pair: drawn without it, or not at all
     assert forest is None or forest.stat().st_size > 0
 

@@ -481,6 +481,7 @@ class TunedBudget(Design):
         sel = Selection(recipe)
         wanted = [RunSpec(recipe, s, self.selection_seed) for s in self.grid()]
         if any(spec not in outcomes for spec in wanted):
+            sel.scores = {s.setting: score(outcomes[s]) for s in wanted if s in outcomes}  # the grid so far, drawn
             return sel, wanted
         run = {spec.setting: score(outcomes[spec]) for spec in wanted}
         while True:

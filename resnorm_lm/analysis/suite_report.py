@@ -551,7 +551,11 @@ def plot_lr_panels(report: TunedReport, rows: list[dict], out_dir: Path) -> Path
     for ax, recipe in zip(axes, recipes):
         sel = report.selections[recipe]
         ax.set_title(recipe, fontsize=9)
-        if not sel.scores:  # a suite under way: this recipe's grid has not run yet
+        lrs = [*report.design.lrs, *(s.lr for s in sel.extensions)]
+        ax.set_xscale("log")
+        ax.set_xlim(min(lrs) / 1.4, max(lrs) * 1.4)  # the budget's LRs, whatever has run so far
+        ax.tick_params(labelsize=7)
+        if not sel.scores:  # a suite under way: this recipe's grid has not begun
             ax.text(0.5, 0.5, "no runs yet", transform=ax.transAxes, ha="center", fontsize=8, color="gray")
             continue
         for warmup, style in zip(report.design.warmups, ("o-", "s--", "^:", "d-.")):
@@ -573,9 +577,7 @@ def plot_lr_panels(report: TunedReport, rows: list[dict], out_dir: Path) -> Path
                 label=f"pick, {ci.n} fresh seeds",
             )
         ax.axhline(report.unigram, ls="--", lw=0.8, color="gray")
-        ax.set_xscale("log")
         ax.set_ylim(bottom, top + 0.05)
-        ax.tick_params(labelsize=7)
     axes[0].set_ylabel("val loss (nats)")
     fig.suptitle("LR sensitivity: selection seed (lines), pick over fresh seeds (star, 95% interval)", fontsize=9)
     return save_figure(fig, axes, axes[:1], out_dir / "lr_panels.png")
