@@ -155,6 +155,8 @@ def test_a_second_horizon_says_which_verdicts_change(tmp_path, recipes, monkeypa
     assert main([str(long_path), "--root", str(tmp_path / "long"), *args]) == 0
     markdown = (results / "long" / "horizons.md").read_text()
     assert "| `a-12l` | 0.002 / 0.3 |" in markdown and "| reference | 0.002 / 0.3 |" in markdown
+    assert "- suite (6 steps): arithmetic r1 (v1): 30 runs on CPU X" in markdown  # each table's provenance
+    assert "- long (12 steps): arithmetic r1 (v1): 30 runs on CPU X" in markdown
     b = next(line for line in markdown.splitlines() if line.startswith("| `b-12l`"))
     assert "| +0.100 ± 0.000 | behind |" in b and "| -0.002 ± 0.024 | tie | yes |" in b  # t(0.975, 4) 0.0192 / sqrt(5)
     rows = list(csv.DictReader((results / "long" / "horizons.csv").open()))

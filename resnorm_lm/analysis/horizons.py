@@ -109,10 +109,23 @@ def _text(interval: Interval | None, sign: bool = False) -> str:
     return ("+" if sign and interval.mean >= 0 else "") + interval.text(3)
 
 
-def horizons_markdown(name: str, short_name: str, steps: tuple[int, int], rows: list[dict], partial: bool) -> str:
+def provenance_of(markdown: Path) -> list[str]:
+    """A rendered suite table's provenance lines (``- arithmetic ...``), as its ``<name>.md`` states them."""
+    text = markdown.read_text().splitlines() if markdown.is_file() else []
+    return [line[2:] for line in text if line.startswith("- arithmetic ")] or ["not stated (no rendered table)"]
+
+
+def horizons_markdown(
+    name: str, short_name: str, steps: tuple[int, int], rows: list[dict], partial: bool, provenance: dict
+) -> str:
     short, long = steps
     lines = [
         f"# `{name}` beside `{short_name}`: {short} and {long} steps" + (" (PARTIAL)" if partial else ""),
+        "",
+        "Provenance of each horizon's table (a verdict is judged within one table; where the two tables' arithmetic "
+        "differs, compare verdicts, not losses):",
+        "",
+        *[f"- {suite} ({steps_}): {line}" for (suite, steps_), found in provenance.items() for line in found],
         "",
         f"Each recipe tuned at each horizon with the same budget; Δ val: paired by seed against the reference, mean "
         f"± 95% t interval over the fresh seeds (the two suites' tables: `{short_name}.md`, `{name}.md`). A verdict "
@@ -172,8 +185,12 @@ def write_horizons(
     partial = any(r.get("status") != "complete" for r in (*long.values(), *short.values()))
     out_dir = results / name
     out_dir.mkdir(parents=True, exist_ok=True)
+    provenance = {
+        (short_name, f"{steps[0]} steps"): provenance_of(results / short_name / f"{short_name}.md"),
+        (name, f"{steps[1]} steps"): provenance_of(out_dir / f"{name}.md"),
+    }
     with atomic_write(out_dir / "horizons.md", "w") as f:
-        f.write(horizons_markdown(name, short_name, steps, table, partial))
+        f.write(horizons_markdown(name, short_name, steps, table, partial, provenance))
     write_csv_atomic(out_dir / "horizons.csv", [interval_columns(r) for r in table])
     written = [out_dir / "horizons.md", out_dir / "horizons.csv"]
     figure = plot_horizons(table, steps, out_dir)
