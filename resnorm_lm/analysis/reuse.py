@@ -138,9 +138,10 @@ def reuse_runs(
         plan, outcomes = settle()
         candidates = []
         for spec in (s for s in plan if s not in outcomes and s not in refused):
-            found = [d for d in (spec.run_dir(str(s), suite.profile) for s in sources) if RunDir(d).summary()]
-            if found and RunDir(found[0]).summary().get("finished"):
-                candidates.append((spec, found[0]))
+            dirs = (spec.run_dir(str(s), suite.profile) for s in sources)
+            found = next((d for d in dirs if RunDir(d).summary().get("finished")), None)
+            if found is not None:
+                candidates.append((spec, found))
         if not candidates:
             break
         missing = sorted({spec.recipe for spec, _ in candidates} - set(current))
