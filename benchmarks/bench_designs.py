@@ -23,11 +23,11 @@ import time
 from pathlib import Path
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from resnorm_lm.analysis.equal_compute import counted_flops_per_token  # noqa: E402
 from resnorm_lm.model.gpt import GPT, count_parameters  # noqa: E402
 from resnorm_lm.train.recipes import recipe_arch  # noqa: E402
 
@@ -44,15 +44,6 @@ DESIGNS = [
     "prenorm-12l-derf",
     "prenorm-12l-dyt-paper",
 ]
-
-
-def flops_per_token(model: GPT, idx: torch.Tensor) -> float:
-    """Counted FLOPs of one forward and backward, per token of ``idx`` (B, T)."""
-    with FlopCounterMode(display=False) as counter:
-        _, loss = model(idx, idx)
-        loss.backward()
-    model.zero_grad(set_to_none=True)
-    return counter.get_total_flops() / idx.numel()
 
 
 def saved_for_backward_bytes(model: GPT, idx: torch.Tensor) -> int:
@@ -118,7 +109,7 @@ def main() -> int:
         models[recipe], optimizers[recipe] = (model, idx), torch.optim.AdamW(model.parameters(), lr=1e-4)
         rows[recipe] = {
             "params": count_parameters(model),
-            "flops": flops_per_token(model, idx),
+            "flops": counted_flops_per_token(model, idx),
             "saved": saved_for_backward_bytes(model, idx),
             "peak": peak_step_bytes(model, optimizers[recipe], idx),
             "ratios": [],

@@ -119,7 +119,7 @@ def horizon_file(tmp_path: Path, **changes) -> Path:
         ({"train": {"trainer.max_steps": 12, "trainer.gradient_clip_val": 1.0}}, "train differs beyond"),
         ({"profile": "cpu"}, "its profile differs (cpu against smoke)"),
         ({"recipes": ["a-12l", "sandwich-12l"]}, "sandwich-12l not in suite"),
-        ({"horizon_of": "long"}, "cannot be a second horizon of itself"),
+        ({"horizon_of": "long"}, "horizon_of: a suite cannot name itself"),
         ({"horizon_of": "nope"}, "unknown suite 'nope'"),
     ],
 )

@@ -7,12 +7,14 @@
                            the tuned overlays
     launchers.py           training a sweep's runs: ``fit`` subprocesses here (a stop passed on, time estimates),
                            or SLURM jobs (``--launcher slurm``), never two for one run
-    suite.py               ``suite``: a pre-registered suite's file, designs and training
+    suite.py               ``suite``: a pre-registered suite's file and designs
+    suite_runner.py        training a suite's plan, ``jobs`` runs at a time, and the test split of its picks
     suite_report.py        the suite's tables (intervals, paired differences, failures) and figures
     reuse.py               ``suite --reuse``: another suite's finished runs taken where they are this suite's, bit
                            for bit (config and arithmetic fingerprint), instead of trained twice
     horizons.py            a second horizon beside its suite: each recipe's paired difference at both horizons,
                            the verdicts and which change
+    equal_compute.py       the reference at a design's counted training FLOPs beside it at equal steps
     evidence.py            what a table may claim: t intervals, paired differences, Wilson's interval, the groups
                            they do not separate; whether its rows share one arithmetic (their provenance)
     plots.py               loss curves, LR sensitivity, gradient norms, the depth figures

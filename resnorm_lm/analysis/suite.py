@@ -11,8 +11,9 @@ goes on. Then it evaluates the test split where a table reports it, checks that 
 (``evidence.py``; ``--mix-provenance`` renders a mixed table with its rows marked), and writes
 ``results/suites/<name>/``: ``<name>.md`` (partial ones say so), CSVs and figures.
 
-Here too: the suite file (``load``), the designs (``TunedBudget``, ``SeedPilot``) and the training of their plan
-(``train_suite``); the tables and figures are ``suite_report.py``'s."""
+Here too: the suite file (``load``) and the designs (``TunedBudget``, ``SeedPilot``); the training of their plan
+is ``suite_runner.py``'s, the tables and figures ``suite_report.py``'s, a second horizon's report ``horizons.py``'s
+and the reference at a design's compute ``equal_compute.py``'s."""
 
 from __future__ import annotations
 
@@ -20,25 +21,23 @@ import argparse
 import functools
 import math
 import os
-import subprocess
 import sys
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from resnorm_lm.analysis.equal_compute import compute_mismatch, compute_target, steps_mismatch, write_equal_compute
 from resnorm_lm.analysis.evidence import ProvenanceError, table_provenance
 from resnorm_lm.analysis.horizons import horizon_mismatch, write_horizons
-from resnorm_lm.analysis.launchers import SweepTrainer
 from resnorm_lm.analysis.reuse import reuse_runs
 from resnorm_lm.analysis.suite_report import PilotReport, TunedReport, write_pilot, write_tuned
-from resnorm_lm.analysis.sweep import RunOutcome, RunSpec, Setting, evaluated, unigram_reference
+from resnorm_lm.analysis.suite_runner import SuiteTrainer, evaluate_test, settle, train_suite
+from resnorm_lm.analysis.sweep import RunOutcome, RunSpec, Setting, unigram_reference
 from resnorm_lm.errors import ResnormError
 from resnorm_lm.registry import Registry
-from resnorm_lm.train.arithmetic import PORTABLE_ENV
 from resnorm_lm.train.recipes import RECIPES_DIR, RecipeError, available_profiles, recipe_path
-from resnorm_lm.train.runs import RunDir, copy_small_files, working_root
+from resnorm_lm.train.runs import copy_small_files
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -103,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         suite = load(args.suite)
         machine = machine_overrides(suite, args.train_args)
+        problem = suite.compute_of and steps_mismatch(suite, load(suite.compute_of[0], suite.path.parent))
+        if problem:
+            raise SuiteError(problem)
     except SuiteError as err:
         print(f"resnorm-lm suite: error: {err}", file=sys.stderr)
         return 2
@@ -141,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         if suite.horizon_of is not None:
             steps = (load(suite.horizon_of, suite.path.parent).max_steps, suite.max_steps)
             written += write_horizons(suite.name, suite.horizon_of, suite.reference, steps, rows, Path(args.results))
+        if suite.compute_of is not None:
+            written += write_equal_compute(suite, load(suite.compute_of[0], suite.path.parent), Path(args.results))
     else:
         assert isinstance(design, SeedPilot)
         written = write_pilot(PilotReport(suite, design, outcomes, unigram), provenance, partial, out_dir)
@@ -183,6 +187,7 @@ KEYS = {
     "budget": "the tuned design's grid, extensions and seeds",
     "pilot": "the seeds design's settings and seeds",
     "horizon_of": "a suite this one repeats at another trainer.max_steps, all else equal (a second horizon)",
+    "compute_of": "{suite: <a suite>, recipe: <its design>}: its reference at that design's training FLOPs",
 }
 
 
@@ -225,6 +230,7 @@ class Suite:
     arithmetic: str = "portable"
     sections: dict[str, Any] = field(default_factory=dict)  # the design's own section (budget: or pilot:)
     horizon_of: str | None = None  # the suite this one repeats at another horizon (horizons.py)
+    compute_of: tuple[str, str] | None = None  # (suite, design): its reference at the design's FLOPs (equal_compute.py)
 
     def train_args(self) -> list[str]:
         """The ``fit`` overrides of every run: the file's ``train`` section."""
@@ -329,12 +335,18 @@ def load(name: str, root: Path = SUITES_DIR) -> Suite:
         horizon_of=raw.get("horizon_of"),
     )
     design.check(suite)
-    if suite.horizon_of is not None:  # a second horizon: nothing but trainer.max_steps may differ
-        if suite.horizon_of == suite.name:
-            raise SuiteError(f"{path}: horizon_of: a suite cannot be a second horizon of itself")
-        mismatch = horizon_mismatch(suite, load(suite.horizon_of, path.parent))
-        if mismatch:
-            raise SuiteError(f"{path}: horizon_of {suite.horizon_of!r}: {mismatch}")
+    try:
+        suite.compute_of = compute_target(raw["compute_of"]) if "compute_of" in raw else None
+    except ValueError as err:
+        raise SuiteError(f"{path}: {err}") from None
+    related = (("horizon_of", suite.horizon_of, horizon_mismatch), ("compute_of", suite.compute_of, compute_mismatch))
+    for key, base, mismatch in ((k, b, m) for k, b, m in related if b is not None):  # nothing else may differ
+        base = base if isinstance(base, str) else base[0]
+        if base == suite.name:
+            raise SuiteError(f"{path}: {key}: a suite cannot name itself")
+        problem = mismatch(suite, load(base, path.parent))
+        if problem:
+            raise SuiteError(f"{path}: {key} {base!r}: {problem}")
     return suite
 
 
@@ -564,135 +576,6 @@ class SeedPilot(Design):
             for recipe in self.suite.recipes:
                 wanted += [spec for spec in self.cells(recipe)[group] if spec not in wanted]
         return wanted
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Training a suite: the design's plan, ``jobs`` runs at a time, each in the suite's arithmetic, until nothing is left.
-#
-# As soon as a lane is free the next run of the plan starts (asked for again after every finished run, so a
-# recipe's extensions and seeds start while other recipes' grids train); a run that fails is not started again in
-# the same invocation (the next one resumes it); a stop (Ctrl-C, SIGTERM) reaches the runs in training, which save
-# at the end of their step, and the same command resumes the suite (``launchers.py``). The test split is
-# evaluated, in the suite's arithmetic, only on the runs whose numbers a table reports.
-
-
-class SuiteTrainer(SweepTrainer):
-    """compare's trainer with the suite's arithmetic and without tuned overlays (the suite states its settings)."""
-
-    who = "suite"
-
-    def __init__(self, suite: Suite, root: str, jobs: int, logger: str = "csv", machine: list | None = None) -> None:
-        logging = [] if logger == "csv" else [f"--run.logger={logger}"]
-        extra = [*suite.train_args(), *logging, *(machine or [])]  # machine: machine_overrides's, checked
-        super().__init__(suite.profile, root, extra, jobs, group=f"suite-{suite.name}")
-        self.portable = suite.arithmetic == "portable"
-
-    def command(self, spec: RunSpec, resume: bool) -> list[str]:
-        cmd = super().command(spec, resume)
-        at = cmd.index("--profile") + 2
-        return [*cmd[:at], "--tuned", "none", *cmd[at:], "--run.sample_tokens=0"]
-
-    def environment(self, slot: int) -> dict[str, str]:
-        env = super().environment(slot)
-        return {**env, **PORTABLE_ENV} if self.portable else env
-
-
-def outcome_of(spec: RunSpec, run_dir: Path) -> RunOutcome | None:
-    """A finished run's outcome, from its own end-of-training validation (in the arithmetic it trained with);
-    None while it is not finished."""
-    summary = RunDir(run_dir).summary()
-    if not summary.get("finished"):
-        return None
-    loss = summary.get("val_loss")
-    diverged = bool(summary.get("diverged")) or loss is None
-    return RunOutcome(spec, None if diverged else float(loss), diverged)
-
-
-def settle(design: Design, root: str, profile: str) -> tuple[list[RunSpec], dict[RunSpec, RunOutcome]]:
-    """The plan and the outcomes of its finished runs, asked again until the plan no longer grows (a finished run
-    can decide the next, which may be finished already)."""
-    outcomes: dict[RunSpec, RunOutcome] = {}
-    while True:
-        plan = design.plan(outcomes)
-        new = {s: o for s in plan if s not in outcomes and (o := outcome_of(s, s.run_dir(root, profile)))}
-        if not new:
-            return plan, outcomes
-        outcomes.update(new)
-
-
-def train_suite(
-    suite: Suite, design: Design, root: str, jobs: int, logger: str = "csv", machine: list[str] | None = None
-) -> set[RunSpec]:
-    """Train every run the plan wants until none is left; the runs that failed (and were not retried)."""
-    trainer = SuiteTrainer(suite, root, jobs, logger, machine)
-    failed: set[RunSpec] = set()
-    running: dict[Future, RunSpec] = {}
-    progress = Progress(suite, design)
-
-    def next_runs() -> list[RunSpec]:
-        plan, outcomes = settle(design, root, suite.profile)
-        busy = set(running.values())
-        todo = [s for s in plan if s not in outcomes and s not in busy and s not in failed]
-        progress.say(len(outcomes), len(running), len(todo))
-        return todo
-
-    def ended(spec: RunSpec, code: int | None) -> None:
-        if code is not None and outcome_of(spec, spec.run_dir(root, suite.profile)) is None:
-            failed.add(spec)  # crashed or refused: its log says why; the next invocation tries again
-
-    with trainer.fits.stoppable():
-        todo = next_runs()
-        if todo:
-            trainer.prepare_data(todo[:1])
-        if trainer.jobs == 1:  # in this thread, as compare does (a fit's signal handlers need the main thread)
-            while todo and not trainer.fits.stops:
-                ended(todo[0], trainer.train(todo[0], slot=0))
-                todo = next_runs()
-            return failed
-        with ThreadPoolExecutor(trainer.jobs) as pool:
-            while True:
-                while todo and len(running) < trainer.jobs and not trainer.fits.stops:
-                    spec = todo.pop(0)
-                    running[pool.submit(trainer._train_in_a_slot, spec)] = spec
-                if not running:
-                    break
-                done, _ = wait(running, return_when=FIRST_COMPLETED)
-                for future in done:
-                    ended(running.pop(future), future.result())
-                todo = next_runs()
-    return failed
-
-
-class Progress:
-    """One line whenever the counts change: finished, in training, wanted now, and at most how many more."""
-
-    def __init__(self, suite: Suite, design: Design) -> None:
-        self.suite, self.most = suite, design.max_runs * len(suite.recipes)
-        self.said = ""
-
-    def say(self, finished: int, training: int, wanted: int) -> None:
-        line = (
-            f"suite {self.suite.name}: {finished} runs finished, {training} training, {wanted} more wanted now "
-            f"(at most {self.most} in all)"
-        )
-        if line != self.said:
-            print(line, flush=True)
-            self.said = line
-
-
-def evaluate_test(suite: Suite, run_dirs: list[Path]) -> None:
-    """The test split on ``run_dirs`` (those not yet evaluated there), in a process of the suite's arithmetic."""
-    todo = [d for d in run_dirs if evaluated(d, "test") is None and RunDir(d).has_checkpoint()]
-    if not todo:
-        return
-    env = {**os.environ, **PORTABLE_ENV} if suite.arithmetic == "portable" else dict(os.environ)
-    started = time.time()
-    print(f"suite {suite.name}: evaluating the test split of {len(todo)} run(s) at their picks", flush=True)
-    cmd = [sys.executable, "-m", "resnorm_lm", "eval", *map(str, todo), "--split", "test"]
-    done = subprocess.run(cmd, cwd=working_root(), env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"the test evaluation failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-    print(f"suite {suite.name}: test split evaluated in {time.time() - started:.0f} s", flush=True)
 
 
 if __name__ == "__main__":
