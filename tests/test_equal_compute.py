@@ -96,13 +96,16 @@ def test_steps_other_than_the_count_are_refused_before_anything_trains(tmp_path,
     assert not (tmp_path / "runs").exists()
 
 
-def train_both(tmp_path: Path, at_b: Path, a_gain_at_9: dict[int, float], arithmetic: str = "r1") -> None:
-    """Fake runs of both suites: b-12l 0.1 nats ahead of a-12l at 6 steps in every seed; a-12l at 9 steps lower
-    than at 6 by ``a_gain_at_9[seed]``."""
+def train_both(
+    tmp_path: Path, at_b: Path, a_gain_at_9: dict[int, float], arithmetic: str = "r1", b_diverges: int | None = None
+) -> None:
+    """Fake runs of both suites: b-12l 0.1 nats ahead of a-12l at 6 steps in every seed (but ``b_diverges``, a
+    fresh seed that diverges); a-12l at 9 steps lower than at 6 by ``a_gain_at_9[seed]``."""
     design = TunedBudget(load(str(tmp_path / "suite.yaml")))
     for recipe, offset in (("a-12l", 0.0), ("b-12l", -0.1)):
         for spec in outcomes_for(design, recipe, bowl(0.002)):
-            fake_run(tmp_path / "base", spec, bowl(0.002)(spec.setting, spec.seed) + offset)
+            val = bowl(0.002)(spec.setting, spec.seed) + offset
+            fake_run(tmp_path / "base", spec, None if recipe == "b-12l" and spec.seed == b_diverges else val)
     for spec in outcomes_for(TunedBudget(load(str(at_b))), "a-12l", bowl(0.002)):
         val = bowl(0.002)(spec.setting, spec.seed) - a_gain_at_9.get(spec.seed, 0.1)
         fake_run(tmp_path / "at-b", spec, val, reference=arithmetic)
@@ -134,15 +137,15 @@ def test_equal_compute_md_sets_equal_steps_beside_equal_flops(tmp_path, recipes,
     assert float(rows[0]["delta_val_mean"]) == pytest.approx(-0.1)
     assert float(rows[1]["delta_val_mean"]) == pytest.approx(-0.1 + 0.098)  # b at 6 minus a at 9, paired
     assert int(rows[1]["delta_val_n"]) == 5 and float(rows[1]["delta_val_half_width"]) > 0.002
-    assert "| equal FLOPs (9 steps) | 9 | 0.002 / 0.3 |" in markdown
+    assert "| equal FLOPs (9 steps) | 9 | 0.002 / 0.3 | 5/5 | 4.905 ± 0.024 | 0.002 / 0.3 | 5/5 |" in markdown
 
 
-def test_tables_of_two_arithmetics_are_not_paired_at_equal_flops(tmp_path, recipes, counted, monkeypatch):  # noqa: F811
+def test_two_arithmetics_are_not_paired_and_a_diverged_seed_is_counted_apart(tmp_path, recipes, counted, monkeypatch):  # noqa: F811
     from resnorm_lm.analysis import suite as suite_module
 
     monkeypatch.setattr(suite_module, "unigram_reference", lambda run_dir: UNIGRAM)
     at_b, results = compute_file(tmp_path), tmp_path / "results"
-    train_both(tmp_path, at_b, {}, arithmetic="r2")
+    train_both(tmp_path, at_b, {}, arithmetic="r2", b_diverges=3)
     args = ["--no-train", "--results", str(results)]
     assert main([str(tmp_path / "suite.yaml"), "--root", str(tmp_path / "base"), *args]) == 0
     assert main([str(at_b), "--root", str(tmp_path / "at-b"), *args]) == 0
@@ -150,3 +153,6 @@ def test_tables_of_two_arithmetics_are_not_paired_at_equal_flops(tmp_path, recip
     assert "do not share one arithmetic: the equal-FLOPs difference is left out" in markdown
     rows = list(csv.DictReader((results / "at-b" / "equal-compute.csv").open()))
     assert [r["verdict"] for r in rows] == ["ahead", "-"] and rows[1]["delta_val_mean"] == ""
+    assert [r["design_learned"] for r in rows] == ["4/5", "4/5"]  # seed 3 diverged: counted apart, not paired
+    assert int(rows[0]["delta_val_n"]) == 4
+    assert float(rows[1]["reference_val_mean"]) == pytest.approx(5.003 - 0.1, abs=0.001)  # its own table's, unpaired

@@ -17,7 +17,6 @@ for their losses to pair, and where they do not the equal-FLOPs difference is le
 from __future__ import annotations
 
 import csv
-import math
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -109,15 +108,12 @@ def read_runs(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def pick_losses(runs: list[dict[str, str]], recipe: str) -> dict[int, float]:
-    """{seed: validation loss} of ``recipe``'s fresh seeds at its pick (runs.csv's role ``pick``), finite only."""
-    out = {}
-    for row in runs:
-        if row["recipe"] == recipe and row["role"] == "pick" and row["val_loss"] not in ("", None):
-            value = float(row["val_loss"])
-            if math.isfinite(value):
-                out[int(row["seed"])] = value
-    return out
+def pick_losses(runs: list[dict[str, str]], recipe: str) -> tuple[dict[int, float], int]:
+    """{seed: validation loss} of ``recipe``'s fresh seeds at its pick (runs.csv's role ``pick``) that learned
+    (status ``ok``), and how many fresh seeds ran there: a seed that diverged or did not learn is counted apart, as
+    in the table."""
+    rows = [r for r in runs if r["recipe"] == recipe and r["role"] == "pick"]
+    return {int(r["seed"]): float(r["val_loss"]) for r in rows if r["status"] == "ok"}, len(rows)
 
 
 def pick_of(runs: list[dict[str, str]], recipe: str) -> str:
@@ -131,25 +127,27 @@ def arithmetics(lines: list[str]) -> set[str]:
 
 
 def comparison_rows(suite: Suite, base: Suite, base_runs: list[dict], own_runs: list[dict], paired: bool) -> list:
-    """The design at the base suite's steps against the reference at equal steps, then at equal FLOPs."""
+    """The design at the base suite's steps against the reference at equal steps (both of the base suite), then
+    at equal FLOPs (the reference of this suite: paired only where ``paired``, the tables sharing one arithmetic)."""
     design = suite.compute_of[1]
-    ours = pick_losses(base_runs, design)
+    ours, ran = pick_losses(base_runs, design)
     against = [
-        (f"equal steps ({base.max_steps})", base.max_steps, pick_of(base_runs, base.reference),
-         pick_losses(base_runs, base.reference)),
-        (f"equal FLOPs ({suite.max_steps} steps)", suite.max_steps, pick_of(own_runs, base.reference),
-         pick_losses(own_runs, base.reference) if paired else None),
-    ]  # fmt: skip
+        (f"equal steps ({base.max_steps})", base.max_steps, base_runs, True),
+        (f"equal FLOPs ({suite.max_steps} steps)", suite.max_steps, own_runs, paired),
+    ]
     rows = []
-    for what, steps, pick, reference in against:
-        delta = paired_difference(ours, reference) if reference else None
+    for what, steps, runs, pairs in against:
+        reference, reference_ran = pick_losses(runs, base.reference)
+        delta = paired_difference(ours, reference) if pairs and reference else None
         rows.append(
             {
                 "comparison": what,
                 "reference_steps": steps,
-                "reference_pick": pick,
+                "reference_pick": pick_of(runs, base.reference),
+                "reference_learned": f"{len(reference)}/{reference_ran}",
                 "reference_val": _mean(reference),
                 "design_pick": pick_of(base_runs, design),
+                "design_learned": f"{len(ours)}/{ran}",
                 "design_val": _mean(ours),
                 "delta_val": delta,
                 "verdict": verdict(delta),
@@ -184,16 +182,19 @@ def equal_compute_markdown(
         "",
         *[f"- {name}: {line}" for name, found in provenance.items() for line in found],
         "",
-        f"Δ val: `{design}` minus `{ref}`, paired by seed over the fresh seeds both have, mean ± 95% t interval; "
-        "'ahead' or 'behind' only where the interval excludes zero, else a tie.",
+        "Seeds learned: the fresh seeds at the pick that learned, of those run (one that diverged or stayed near "
+        f"the unigram loss is counted apart, as in the tables). Δ val: `{design}` minus `{ref}`, paired by seed "
+        "over the fresh seeds both have that learned, mean ± 95% t interval; 'ahead' or 'behind' only where the "
+        "interval excludes zero, else a tie.",
         "",
-        f"| comparison | `{ref}` steps | `{ref}` pick | `{ref}` val | `{design}` pick | `{design}` val | Δ val | "
-        "verdict |",
-        "|---" * 8 + "|",
+        f"| comparison | `{ref}` steps | `{ref}` pick | `{ref}` seeds learned | `{ref}` val | `{design}` pick | "
+        f"`{design}` seeds learned | `{design}` val | Δ val | verdict |",
+        "|---" * 10 + "|",
     ]
     for r in rows:
-        cells = [r["comparison"], str(r["reference_steps"]), r["reference_pick"], _text(r["reference_val"]),
-                 r["design_pick"], _text(r["design_val"]), _text(r["delta_val"], sign=True), r["verdict"]]  # fmt: skip
+        cells = [r["comparison"], str(r["reference_steps"]), r["reference_pick"], r["reference_learned"],
+                 _text(r["reference_val"]), r["design_pick"], r["design_learned"], _text(r["design_val"]),
+                 _text(r["delta_val"], sign=True), r["verdict"]]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     if not paired:
         lines += ["", "The two tables do not share one arithmetic: the equal-FLOPs difference is left out (train "
