@@ -207,6 +207,17 @@ def test_train_args_reach_every_runs_command_after_the_suite_files_own(tmp_path)
     ]
 
 
+def test_every_run_and_the_test_split_compute_in_the_suites_arithmetic(tmp_path, monkeypatch):
+    from resnorm_lm.train.arithmetic import PORTABLE_ENV
+
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX")  # the machine's own setting, overridden
+    suite = load("placements-12l")
+    env = SuiteTrainer(suite, str(tmp_path), jobs=2).environment(slot=1)
+    assert {k: env.get(k) for k in PORTABLE_ENV} == PORTABLE_ENV and env["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+    suite.arithmetic = "native"
+    assert SuiteTrainer(suite, str(tmp_path), jobs=2).environment(slot=1)["ONEDNN_MAX_CPU_ISA"] == "AVX512_CORE_AMX"
+
+
 @pytest.mark.parametrize(
     "override, said",
     [

@@ -34,7 +34,6 @@ import yaml
 
 from resnorm_lm.analysis.sweep import RunSpec
 from resnorm_lm.data.cache import atomic_write
-from resnorm_lm.train.arithmetic import PORTABLE_ENV
 from resnorm_lm.train.runs import RunDir, copy_small_files, working_root
 
 if TYPE_CHECKING:
@@ -98,7 +97,7 @@ def fingerprint_differences(run_dir: Path, current: dict[str, Any]) -> list[str]
 def machine_fingerprints(suite: Suite, recipes: list[str]) -> dict[str, dict[str, Any]]:
     """This machine's fingerprint for each recipe, in the suite's arithmetic (a process of its own: the kernel
     caps are read when the libraries load)."""
-    env = {**os.environ, **PORTABLE_ENV} if suite.arithmetic == "portable" else dict(os.environ)
+    env = suite.environment(os.environ)
     cmd = [sys.executable, "-m", "resnorm_lm.train.arithmetic", "--profile", suite.profile, "--json"]
     done = subprocess.run([*cmd, "--recipes", *recipes], cwd=working_root(), env=env, capture_output=True, text=True)
     if done.returncode != 0:

@@ -23,6 +23,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from resnorm_lm.analysis.suite_runner import SuiteTrainer, evaluate_test, settle
 from resnorm_lm.analysis.sweep import RunOutcome, RunSpec, Setting, unigram_reference
 from resnorm_lm.errors import ResnormError
 from resnorm_lm.registry import Registry
+from resnorm_lm.train.arithmetic import PORTABLE_ENV
 from resnorm_lm.train.recipes import RECIPES_DIR, RecipeError, available_profiles, recipe_path
 from resnorm_lm.train.runs import copy_small_files
 
@@ -235,6 +237,10 @@ class Suite:
     def train_args(self) -> list[str]:
         """The ``fit`` overrides of every run: the file's ``train`` section."""
         return [f"--{key}={format_value(value)}" for key, value in self.train.items()]
+
+    def environment(self, env: Mapping[str, str]) -> dict[str, str]:
+        """``env`` with the suite's arithmetic: the portable one's variables set over it, or ``env`` as it is."""
+        return {**env, **PORTABLE_ENV} if self.arithmetic == "portable" else dict(env)
 
     @property
     def max_steps(self) -> int | None:

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 
 from resnorm_lm.analysis.launchers import SweepTrainer
 from resnorm_lm.analysis.sweep import RunOutcome, RunSpec, evaluated
-from resnorm_lm.train.arithmetic import PORTABLE_ENV
 from resnorm_lm.train.runs import RunDir, working_root
 
 if TYPE_CHECKING:
@@ -37,7 +36,7 @@ class SuiteTrainer(SweepTrainer):
         logging = [] if logger == "csv" else [f"--run.logger={logger}"]
         extra = [*suite.train_args(), *logging, *(machine or [])]  # machine: machine_overrides's, checked
         super().__init__(suite.profile, root, extra, jobs, group=f"suite-{suite.name}")
-        self.portable = suite.arithmetic == "portable"
+        self.suite = suite
 
     def command(self, spec: RunSpec, resume: bool) -> list[str]:
         cmd = super().command(spec, resume)
@@ -45,8 +44,7 @@ class SuiteTrainer(SweepTrainer):
         return [*cmd[:at], "--tuned", "none", *cmd[at:], "--run.sample_tokens=0"]
 
     def environment(self, slot: int) -> dict[str, str]:
-        env = super().environment(slot)
-        return {**env, **PORTABLE_ENV} if self.portable else env
+        return self.suite.environment(super().environment(slot))
 
 
 def outcome_of(spec: RunSpec, run_dir: Path) -> RunOutcome | None:
@@ -137,7 +135,7 @@ def evaluate_test(suite: Suite, run_dirs: list[Path]) -> None:
     todo = [d for d in run_dirs if evaluated(d, "test") is None and RunDir(d).has_checkpoint()]
     if not todo:
         return
-    env = {**os.environ, **PORTABLE_ENV} if suite.arithmetic == "portable" else dict(os.environ)
+    env = suite.environment(os.environ)
     started = time.time()
     print(f"suite {suite.name}: evaluating the test split of {len(todo)} run(s) at their picks", flush=True)
     cmd = [sys.executable, "-m", "resnorm_lm", "eval", *map(str, todo), "--split", "test"]
