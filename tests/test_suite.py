@@ -277,16 +277,19 @@ def fake_run(
     reference="r1",
     model="m1",
     machine="CPU X",
+    step: int = 6,
+    wall_s: float | None = None,
 ) -> RunOutcome:
     """A finished run directory as a suite's run leaves it (eval.json, manifest), and its outcome."""
     run_dir = spec.run_dir(str(root), "smoke")
     run_dir.mkdir(parents=True)
     summary = {
         "finished": True,
-        "step": 6,
+        "step": step,
         "val_loss": val,
         "val_bpb": None if val is None else val / 2,
         "diverged": val is None,
+        **({"wall_s": wall_s} if wall_s is not None else {}),
     }
     if test is not None:
         summary["eval"] = {"step": 6, "precision": "32-true", "trained_precision": "32-true", "test": {"loss": test}}
@@ -300,6 +303,32 @@ def fake_run(
     segment = {"arithmetic": arithmetic, "hardware": {"cpu": machine}, "code_revision": "abc"}
     (run_dir / "manifest.json").write_text(json.dumps({**segment, "segments": [segment]}))
     return RunOutcome(spec, val, diverged=val is None)
+
+
+def test_progress_says_the_time_left_at_each_recipes_own_pace(tmp_path, recipes, capsys):
+    """a's three full runs took 100, 120 and 110 s (median 110), b's one 300 s, and b's run that diverged at step
+    3 is not a pace; 17 runs at most a recipe; 2 at a time."""
+    from resnorm_lm.analysis.suite_runner import Progress
+
+    suite = load(str(suite_file(tmp_path)))
+    design = TunedBudget(suite)
+    grid = [RunSpec(r, s, 0) for r in ("a-12l", "b-12l") for s in design.grid()]
+    progress = Progress(suite, design, str(tmp_path), jobs=2)
+    progress.say({}, [], grid)
+    said = "suite suite: 0 runs finished, 0 training, 16 more wanted now (at most 34 in all)\n"
+    assert capsys.readouterr().out == said  # no pace yet: no time
+    timed = [(grid[0], 100), (grid[1], 120), (grid[2], 110), (grid[8], 300)]
+    outcomes = {spec: fake_run(tmp_path, spec, 5.0, wall_s=seconds) for spec, seconds in timed}
+    outcomes[grid[9]] = fake_run(tmp_path, grid[9], None, step=3, wall_s=10)
+    todo = [*grid[3:8], *grid[10:]]  # 5 of a's, 6 of b's
+    progress.say(outcomes, [], todo)
+    line = capsys.readouterr().out
+    assert "5 runs finished, 0 training, 11 more wanted now (at most 34 in all)" in line
+    assert "about 20 min for those" in line  # (5 x 110 + 6 x 300) / 2 = 1175 s
+    assert "at most 50 min (2 at a time" in line  # ((17 - 3) x 110 + (17 - 2) x 300) / 2 = 3020 s
+    assert "over 4 finished full-length runs" in line
+    progress.say(outcomes, [], todo)
+    assert capsys.readouterr().out == ""  # said once until the counts change
 
 
 def test_the_table_counts_a_stuck_seed_apart_and_pairs_the_rest_by_seed(tmp_path, recipes):

@@ -4,9 +4,11 @@ suite's arithmetic, until nothing is left; then the test split of the runs a tab
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -77,13 +79,13 @@ def train_suite(
     trainer = SuiteTrainer(suite, root, jobs, logger, machine)
     failed: set[RunSpec] = set()
     running: dict[Future, RunSpec] = {}
-    progress = Progress(suite, design)
+    progress = Progress(suite, design, root, trainer.jobs)
 
     def next_runs() -> list[RunSpec]:
         plan, outcomes = settle(design, root, suite.profile)
         busy = set(running.values())
         todo = [s for s in plan if s not in outcomes and s not in busy and s not in failed]
-        progress.say(len(outcomes), len(running), len(todo))
+        progress.say(outcomes, list(busy), todo)
         return todo
 
     def ended(spec: RunSpec, code: int | None) -> None:
@@ -114,20 +116,56 @@ def train_suite(
 
 
 class Progress:
-    """One line whenever the counts change: finished, in training, wanted now, and at most how many more."""
+    """One line whenever the counts change: finished, in training, wanted now, at most how many more, and how long
+    they would take at this machine's pace (each recipe's median seconds of its finished full-length runs here)."""
 
-    def __init__(self, suite: Suite, design: Design) -> None:
-        self.suite, self.most = suite, design.max_runs * len(suite.recipes)
+    def __init__(self, suite: Suite, design: Design, root: str, jobs: int) -> None:
+        self.suite, self.design, self.root, self.jobs = suite, design, root, max(1, jobs)
+        self.most = design.max_runs * len(suite.recipes)
         self.said = ""
 
-    def say(self, finished: int, training: int, wanted: int) -> None:
-        line = (
-            f"suite {self.suite.name}: {finished} runs finished, {training} training, {wanted} more wanted now "
-            f"(at most {self.most} in all)"
+    def say(self, outcomes: dict[RunSpec, RunOutcome], training: list[RunSpec], todo: list[RunSpec]) -> None:
+        counts = (
+            f"suite {self.suite.name}: {len(outcomes)} runs finished, {len(training)} training, {len(todo)} more "
+            f"wanted now (at most {self.most} in all)"
         )
-        if line != self.said:
-            print(line, flush=True)
-            self.said = line
+        if counts != self.said:
+            print(counts + self.time_left(outcomes, [*training, *todo]), flush=True)
+            self.said = counts
+
+    def time_left(self, outcomes: dict[RunSpec, RunOutcome], wanted: list[RunSpec]) -> str:
+        """'; about 3.5 h for those, at most 7.9 h (...)', or '' before any full-length run has finished. A run in
+        training counts in full; a recipe with no finished run counts at the median of the others."""
+        seconds = run_seconds(self.root, self.suite, outcomes)
+        if not seconds:
+            return ""
+        typical = statistics.median(statistics.median(v) for v in seconds.values())
+        pace = {recipe: statistics.median(v) for recipe, v in seconds.items()}
+        now = sum(pace.get(spec.recipe, typical) for spec in wanted) / self.jobs
+        done = Counter(spec.recipe for spec in outcomes)
+        left = [(r, max(0, self.design.max_runs - done[r])) for r in self.suite.recipes]
+        most = sum(n * pace.get(r, typical) for r, n in left) / self.jobs
+        timed = sum(map(len, seconds.values()))
+        return (
+            f"; at this machine's pace about {duration(now)} for those, at most {duration(most)} ({self.jobs} at a "
+            f"time; each recipe's median time a run, over {timed} finished full-length runs)"
+        )
+
+
+def run_seconds(root: str, suite: Suite, outcomes: dict[RunSpec, RunOutcome]) -> dict[str, list[float]]:
+    """{recipe: the training seconds of each of its finished runs that trained every step} (a run that diverged
+    early would understate the pace)."""
+    out: dict[str, list[float]] = {}
+    for spec in outcomes:
+        summary = RunDir(spec.run_dir(root, suite.profile)).summary()
+        full = suite.max_steps is None or summary.get("step") == suite.max_steps
+        if full and summary.get("wall_s"):
+            out.setdefault(spec.recipe, []).append(float(summary["wall_s"]))
+    return out
+
+
+def duration(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds < 90 * 60 else f"{seconds / 3600:.1f} h"
 
 
 def evaluate_test(suite: Suite, run_dirs: list[Path]) -> None:
