@@ -1,5 +1,6 @@
 """QK-norm, an option of the attention: each kind against its formula, and against transformers' OLMo 2 (over all
-heads) and Qwen3 (per head) attention given the same weights."""
+heads) and Qwen3 (per head) attention given the same weights; and OLMo 2's whole block (reordered norm, QK-norm)
+against transformers' ``Olmo2DecoderLayer``."""
 
 import math
 
@@ -99,6 +100,38 @@ def test_transformers_attention_with_the_same_weights_agrees(x, kind, module):
     cos, sin = torch.ones(1, x.shape[1], C // H), torch.zeros(1, x.shape[1], C // H)
     out, _ = theirs(x, position_embeddings=(cos, sin), attention_mask=None)
     torch.testing.assert_close(ours(x), out)
+
+
+def test_olmo2_block_is_transformers_olmo2_decoder_layer_given_the_same_weights(x):
+    """recipe olmo2-12l's block (placement olmo2, RMSNorm, qk_norm full, no biases) against transformers'
+    ``Olmo2DecoderLayer`` with the same weights: its own attention (rotary made the identity: this model's positions
+    are learned), its own post-attention and post-feedforward RMSNorms and its residual adds; only its SwiGLU MLP
+    is replaced by this model's GELU MLP (the MLP is not what the design is about)."""
+    transformers = pytest.importorskip("transformers")
+    from resnorm_lm.model.placements import ReorderedNorm
+
+    arch = dict(placement="olmo2", norm="rmsnorm", qk_norm="full", bias=False)
+    torch.manual_seed(1)
+    block = GPT(GPTConfig(vocab_size=64, block_size=8, n_layer=1, n_head=H, n_embd=C, **arch)).blocks[0]
+    assert isinstance(block, ReorderedNorm)
+    with torch.no_grad():
+        for p in block.parameters():  # every weight its own random value, norm gains away from 1 included
+            p.copy_(torch.randn_like(p) * 0.5 + (1.0 if p.dim() == 1 else 0.0))
+    cfg = transformers.Olmo2Config(hidden_size=C, num_attention_heads=H, num_key_value_heads=H, rms_norm_eps=1e-5)
+    cfg._attn_implementation = "sdpa"  # causal when no mask is given
+    theirs = transformers.models.olmo2.modeling_olmo2.Olmo2DecoderLayer(cfg, layer_idx=0)
+    with torch.no_grad():
+        attn = block.attn
+        for proj, rows in zip(("q_proj", "k_proj", "v_proj"), attn.c_attn.weight.split(C), strict=True):
+            getattr(theirs.self_attn, proj).weight.copy_(rows)
+        theirs.self_attn.o_proj.weight.copy_(attn.c_proj.weight)
+        theirs.self_attn.q_norm.weight.copy_(attn.qk_norm.q_norm.weight)
+        theirs.self_attn.k_norm.weight.copy_(attn.qk_norm.k_norm.weight)
+        theirs.post_attention_layernorm.weight.copy_(block.attn_norm.weight)
+        theirs.post_feedforward_layernorm.weight.copy_(block.mlp_norm.weight)
+    theirs.mlp = block.mlp
+    cos, sin = torch.ones(1, x.shape[1], C // H), torch.zeros(1, x.shape[1], C // H)
+    torch.testing.assert_close(block(x), theirs(x, position_embeddings=(cos, sin)))
 
 
 def test_qk_norm_trains_with_every_kind_and_names_the_valid_kinds():
