@@ -345,9 +345,13 @@ def load(name: str, root: Path = SUITES_DIR) -> Suite:
         suite.compute_of = compute_target(raw["compute_of"]) if "compute_of" in raw else None
     except ValueError as err:
         raise SuiteError(f"{path}: {err}") from None
-    related = (("horizon_of", suite.horizon_of, horizon_mismatch), ("compute_of", suite.compute_of, compute_mismatch))
-    for key, base, mismatch in ((k, b, m) for k, b, m in related if b is not None):  # nothing else may differ
-        base = base if isinstance(base, str) else base[0]
+    bases = {  # a suite this one repeats with another trainer.max_steps: nothing else may differ
+        "horizon_of": (suite.horizon_of, horizon_mismatch),
+        "compute_of": (suite.compute_of and suite.compute_of[0], compute_mismatch),
+    }
+    for key, (base, mismatch) in bases.items():
+        if base is None:
+            continue
         if base == suite.name:
             raise SuiteError(f"{path}: {key}: a suite cannot name itself")
         problem = mismatch(suite, load(base, path.parent))
