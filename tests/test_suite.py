@@ -23,7 +23,7 @@ from resnorm_lm.analysis.suite import (
     machine_overrides,
     main,
 )
-from resnorm_lm.analysis.suite_report import TunedReport
+from resnorm_lm.analysis.suite_report import TunedReport, tuned_markdown
 from resnorm_lm.analysis.sweep import RunOutcome, RunSpec, Setting
 from tests.smoke import run_cli_captured, write_learnable_corpus
 
@@ -356,6 +356,27 @@ def test_the_table_counts_a_stuck_seed_apart_and_pairs_the_rest_by_seed(tmp_path
     assert a["lr_range"] == "0.002 only"  # 0.1 nats a factor 2 away: outside 0.05
     selection = [r for r in report.grid_rows() if r["role"] == "selection"]
     assert len(selection) == 16 and all(r["seed"] == 0 for r in selection)
+
+
+def test_the_table_says_how_many_settings_learned_at_the_selection_seed(tmp_path, recipes):
+    """a's grid: 8e-3 diverges at both warmups and 4e-3 at warmup 0.1 stays near the unigram loss, so 5 of its 8
+    settings learned; b's grid has not begun."""
+    suite = load(str(suite_file(tmp_path)))
+    design = TunedBudget(suite)
+
+    def loss(setting, seed):
+        if seed == 0 and setting.lr == 0.008:
+            return None
+        return 6.45 if seed == 0 and (setting.lr, setting.warmup) == (0.004, 0.1) else bowl(0.002)(setting, seed)
+
+    outcomes = {
+        spec: fake_run(tmp_path / "runs", spec, o.val_loss) for spec, o in outcomes_for(design, "a-12l", loss).items()
+    }
+    report = TunedReport(suite, design, outcomes, str(tmp_path / "runs"), UNIGRAM)
+    rows = {r["recipe"]: r for r in report.rows()}
+    assert rows["a-12l"]["settings_learned"] == "5/8" and rows["b-12l"]["settings_learned"] == "-"
+    markdown = tuned_markdown(report, report.rows(), table_provenance([]), partial=True)
+    assert "| settings learned |" in markdown and "| 5/8 |" in markdown
 
 
 def test_a_suite_under_way_renders_its_figures_with_the_recipes_not_yet_run_marked(tmp_path, recipes):

@@ -150,6 +150,7 @@ class TunedReport:
             sel, d = self.selections[recipe], self.design
             spent = sum(1 for spec in self.outcomes if spec.recipe == recipe)
             row: dict[str, Any] = {"recipe": recipe, "runs": spent, "max_runs": d.max_runs}
+            row["settings_learned"] = self.settings_learned(recipe)
             if sel.pick is None:
                 done = sum(1 for s in d.grid() if RunSpec(recipe, s, d.selection_seed) in self.outcomes)
                 row["status"] = (
@@ -192,6 +193,13 @@ class TunedReport:
         for row in ranked:
             row["group"] = letters.get(row["recipe"], "")
         return ranked
+
+    def settings_learned(self, recipe: str) -> str:
+        """'9/13': of the settings run at the selection seed (the grid so far and its extensions, one run each), how
+        many learned: how wide the range of settings is in which the recipe trains at all."""
+        seed = self.design.selection_seed
+        found = [o for s in self.selections[recipe].scores if (o := self.outcomes.get(RunSpec(recipe, s, seed)))]
+        return f"{sum(status_of(o, self.unigram) == 'ok' for o in found)}/{len(found)}" if found else "-"
 
     def fit(self, recipe: str) -> dict[str, Any]:
         """Over the pick's fresh seeds that learned: the training loss at the end, the validation-minus-training
@@ -294,7 +302,8 @@ def tuned_markdown(report: TunedReport, rows: list[dict], provenance: TableProve
         "diverged) counted apart, k/n with Wilson's 95% interval. Δ: paired by seed against "
         f"`{suite.reference}`, mean ± 95% t interval. Rows sharing a letter are not separated by their "
         f"paired intervals (95%, not adjusted for multiple comparisons). LR range: the LRs within "
-        f"{d.lr_tolerance:g} nats of the pick at the selection seed, at its warmup (one seed each).",
+        f"{d.lr_tolerance:g} nats of the pick at the selection seed, at its warmup (one seed each). Settings "
+        "learned: of the settings run at the selection seed (grid and extensions, one seed each), those that learned.",
         "",
     ]
     mixed = len(provenance.labels) > 1
@@ -312,6 +321,7 @@ def tuned_markdown(report: TunedReport, rows: list[dict], provenance: TableProve
         "val bpb",
         "test ppl",
         "LR range",
+        "settings learned",
         "runner-up (Δ val)",
         "runs",
         "status",
@@ -338,6 +348,7 @@ def tuned_markdown(report: TunedReport, rows: list[dict], provenance: TableProve
             _fmt(r.get("val_bpb")),
             _fmt(r.get("test_ppl"), 1),
             r.get("lr_range", "-"),
+            r.get("settings_learned", "-"),
             r.get("runner_up", "-"),
             f"{r['runs']}/{r['max_runs']}",
             r["status"],
