@@ -20,8 +20,6 @@ from resnorm_lm.train.runs import RunDir, working_root
 if TYPE_CHECKING:
     from resnorm_lm.analysis.suite import Design, Suite
 
-# Training a suite: the design's plan, ``jobs`` runs at a time, each in the suite's arithmetic, until nothing is left.
-#
 # As soon as a lane is free the next run of the plan starts (asked for again after every finished run, so a
 # recipe's extensions and seeds start while other recipes' grids train); a run that fails is not started again in
 # the same invocation (the next one resumes it); a stop (Ctrl-C, SIGTERM) reaches the runs in training, which save
