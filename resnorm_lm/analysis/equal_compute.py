@@ -17,6 +17,7 @@ for their losses to pair, and where they do not the equal-FLOPs difference is le
 from __future__ import annotations
 
 import csv
+import functools
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,6 +44,7 @@ def counted_flops_per_token(model: GPT, idx: torch.Tensor) -> float:
     return counter.get_total_flops() / idx.numel()
 
 
+@functools.cache  # counted once a process: suite checks the steps before training and renders with the ratio
 def recipe_flops_per_token(recipe: str, profile: str) -> float:
     """The counted training FLOPs per token of ``recipe`` at ``profile``'s shapes (one sequence of full context:
     every count is linear in the batch)."""
