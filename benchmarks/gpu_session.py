@@ -104,6 +104,7 @@ DEPTH_TRAIN_ARGS = [
 DEPTH_RESERVE_S = 150  # of a depth round: rendering the tables, the layer contribution and packing the runs
 SUITE_TRAIN_ARGS = ["--trainer.accelerator=gpu", "--trainer.enable_progress_bar=false"]  # the machine's, not the
 # protocol's (suite refuses those): precision, horizon and the rest are the suite file's
+GPU_SUITE_RESULTS = "docs/results/suites-h100"  # the H100's suite tables; prepare carries their runs
 SUITE_RESERVE_S = 120  # of a suite chunk: the stopped runs saving, the table (the picks' test split), packing
 # the dry run's suite: two smoke runs of 4 steps, one seed each (a tuned budget needs at least 3 LRs a recipe)
 DRY_SUITE = """about: the suite stage's dry run
@@ -661,6 +662,12 @@ def pack_finished_runs(s: Session, stage: str, root: Path, d: Path, stem: str) -
     for run_dir in run_files.failed_runs(root):
         log = run_files.tail(run_dir / "train.log")
         s.say(f"=== {stage}: {run_dir} ended in an error; the end of its train.log:\n{log}")
+    stopped = run_files.stopped_runs(root)
+    if stopped:
+        s.say(
+            f"=== {stage}: {len(stopped)} run(s) stopped before their first checkpoint, no error in their logs "
+            f"(the budget's SIGTERM, or a kill): they start from step 0 next time: {', '.join(map(str, stopped))}"
+        )
     parts = run_files.pack_runs(root, d, stem)
     n_runs = len(run_files.finished_runs(root))
     s.say(
@@ -872,6 +879,11 @@ def prepare(s: Session, where: Path) -> int:
         f"{len(runs)} finished {DEPTH_PROFILE}-profile {DEPTH_PRECISION} runs of {len(sources)} run-files "
         f"folders in {tarball.relative_to(where)} ({tarball.stat().st_size / 2**20:.1f} MiB)"
     )
+    for committed in sorted(ROOT.glob(f"{GPU_SUITE_RESULTS}/*/run-files")):  # the suites' GPU runs so far
+        name = committed.parent.name
+        parts = run_files.pack_runs(committed, where / ".devseed", f"suite-{name}-runs-committed")
+        n_runs = len(run_files.finished_runs(committed))
+        steps.append(f"{n_runs} committed GPU runs of suite {name} in {', '.join(p.name for p in parts)}")
     for folder in (".whl", ".devcache", ".devseed"):
         path = where / folder
         size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0

@@ -145,13 +145,33 @@ def tail(path: Path, lines: int = 15) -> str:
         return "".join(f.readlines()[-lines:])
 
 
-def failed_runs(root: Path) -> list[Path]:
-    """Run directories with a log but neither a finished eval.json nor a checkpoint: they ended in an error."""
+ERROR_MARKS = ("Traceback (most recent call last)", "resnorm-lm: error:")  # what a run that failed logs
+
+
+def unfinished_without_checkpoint(root: Path) -> list[Path]:
+    """Run directories with a log but neither a finished eval.json nor a checkpoint."""
     return sorted(
         p.parent
         for p in Path(root).glob("*/*/train.log")
         if not eval_summary(p.parent).get("finished") and not RunDir(p.parent).last_checkpoint.is_file()
     )
+
+
+def ended_in_error(run_dir: Path) -> bool:
+    """Whether the run's train.log holds a traceback or resnorm-lm's error line (a run stopped before its first
+    checkpoint, by a budget's SIGTERM or a kill, holds neither)."""
+    text = (Path(run_dir) / "train.log").read_text(errors="replace")
+    return any(mark in text for mark in ERROR_MARKS)
+
+
+def failed_runs(root: Path) -> list[Path]:
+    """Runs that ended in an error: no finished eval.json, no checkpoint, and an error in their log."""
+    return [r for r in unfinished_without_checkpoint(root) if ended_in_error(r)]
+
+
+def stopped_runs(root: Path) -> list[Path]:
+    """Runs stopped before their first checkpoint with no error in their log: they start again from step 0."""
+    return [r for r in unfinished_without_checkpoint(root) if not ended_in_error(r)]
 
 
 # ---------------------------------------------------------------- the layer contribution (a child process)

@@ -294,6 +294,21 @@ def test_runs_go_back_without_checkpoints_and_come_in_without_overwriting_a_run_
     assert len(run_files.pack_runs(root, tmp_path / "parts", "p", part_bytes=10)) == 2  # one part per run here
 
 
+def test_a_run_stopped_before_its_first_checkpoint_is_told_apart_from_one_that_failed(tmp_path):
+    root = tmp_path / "root"
+    done = fake_run(root, "prenorm-12l", "cpu-lr0.004-wf0.25-seed1")
+    saved = fake_run(root, "prenorm-12l", "cpu-lr0.004-wf0.25-seed2", finished=False, checkpoint=True)
+    failed = fake_run(root, "prenorm-12l", "cpu-lr0.004-wf0.25-seed3", finished=False)
+    raised = fake_run(root, "postnorm-12l", "cpu-lr0.001-wf0.5-seed1", finished=False)
+    stopped = fake_run(root, "postnorm-12l", "cpu-lr0.001-wf0.5-seed2", finished=False)
+    for run in (done, saved, stopped):
+        run.joinpath("train.log").write_text("Seed set to 1\nGPU available: True (cuda), used: True\n")
+    failed.joinpath("train.log").write_text("Seed set to 3\nresnorm-lm: error: the data cache is corrupt\n")
+    raised.joinpath("train.log").write_text("Traceback (most recent call last):\n  ...\nRuntimeError: CUDA OOM\n")
+    assert run_files.failed_runs(root) == [raised, failed]
+    assert run_files.stopped_runs(root) == [stopped]
+
+
 def test_contributions_are_measured_best_run_of_each_depth_first_where_a_checkpoint_is_there(tmp_path):
     root = tmp_path / "root"
     best48 = fake_run(root, "prenorm-12l", "cpu-d48-lr0.001-wu200-seed1", val_loss=5.0, checkpoint=True)
@@ -478,6 +493,10 @@ def test_dry_run_of_prepare_carries_the_committed_fp32_runs(tmp_path):
     committed = run_files.seed_runs(sorted(REPO.glob("docs/results/*/run-files*")), "cpu", "32-true")[0]
     assert {"/".join(n.split("/")[:2]) for n in names} == set(committed) and committed
     assert not any("ckpt" in n for n in names)
+    for folder in sorted(REPO.glob(f"{gpu_session.GPU_SUITE_RESULTS}/*/run-files")):  # each suite's GPU runs
+        suite_runs = members(tmp_path / ".devseed" / f"suite-{folder.parent.name}-runs-committed-1.tar.gz")
+        wanted = {f"{r.parent.name}/{r.name}" for r in run_files.finished_runs(folder)}
+        assert {"/".join(n.split("/")[:2]) for n in suite_runs} == wanted and wanted
 
 
 # ---------------------------------------------------------------- the docs' commands
