@@ -823,6 +823,36 @@ def headlines(s: Session) -> None:
     print(f"$OUT ({s.out}): " + ", ".join(str(p.relative_to(s.out)) for p in sorted(s.out.rglob("*")) if p.is_file()))
 
 
+CARRIED = (".whl", ".devcache", ".devseed")  # what prepare makes, carried to the GPU machine
+TRAVEL_LIMIT_MIB = 64  # what the device tool carries in one call: the working tree and the carried folders
+
+
+def travel_size(where: Path) -> str:
+    """What a device call would carry, against its limit: the files git tracks or does not ignore in the root,
+    and the three carried folders; with what to leave behind when it is over."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    files = [ROOT / f for f in listed.stdout.split("\0") if f] if listed.returncode == 0 else []
+    tree = sum(f.stat().st_size for f in files if f.is_file())
+    carried = sum(p.stat().st_size for d in CARRIED for p in (where / d).rglob("*") if p.is_file())
+    total = (tree + carried) / 2**20
+    line = (
+        f"travel: {total:.1f} of {TRAVEL_LIMIT_MIB} MiB (the working tree {tree / 2**20:.1f}, "
+        f"{', '.join(CARRIED)} {carried / 2**20:.1f})"
+    )
+    if total > TRAVEL_LIMIT_MIB:
+        line += (
+            ": OVER the limit; the device tool would refuse the call. Leave .devseed/docs-run-files.tar.gz "
+            "behind unless the command is a depth round (the suite stage reads only .devseed/suite-*), or "
+            "move older run files out of the working tree"
+        )
+    return line
+
+
 def prepare(s: Session, where: Path) -> int:
     """On a networked machine, with the venv's python: what the GPU machine lacks, into ``where``."""
     steps = []
@@ -869,6 +899,8 @@ def prepare(s: Session, where: Path) -> int:
                 check=True,
                 cwd=ROOT,
             )
+        # the raw archive: the prepared splits and the tokenizers are all a run reads (5 MiB of the 64 that travel)
+        shutil.rmtree(where / ".devcache" / "downloads", ignore_errors=True)
     sources = sorted(ROOT.glob("docs/results/*/run-files*"))
     runs, notes = run_files.seed_runs(sources, DEPTH_PROFILE, DEPTH_PRECISION)
     tarball = where / ".devseed" / "docs-run-files.tar.gz"
@@ -884,7 +916,7 @@ def prepare(s: Session, where: Path) -> int:
         parts = run_files.pack_runs(committed, where / ".devseed", f"suite-{name}-runs-committed")
         n_runs = len(run_files.finished_runs(committed))
         steps.append(f"{n_runs} committed GPU runs of suite {name} in {', '.join(p.name for p in parts)}")
-    for folder in (".whl", ".devcache", ".devseed"):
+    for folder in CARRIED:
         path = where / folder
         size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
         steps.append(f"{folder}/: {size / 2**20:.1f} MiB")
@@ -892,6 +924,7 @@ def prepare(s: Session, where: Path) -> int:
         'never commit them; name them in the device tool\'s carry list: [".whl", ".devcache", ".devseed"] '
         "(64 MiB travel in all, the working tree included)"
     )
+    steps.append(travel_size(where))
     print("\n".join(f"prepare: {line}" for line in steps))
     return 0
 

@@ -489,6 +489,7 @@ def test_dry_run_of_prepare_carries_the_committed_fp32_runs(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "wheels and data: skipped in the dry run" in done.stdout
+    assert re.search(r"travel: \d+\.\d of 64 MiB \(the working tree \d+\.\d", done.stdout), done.stdout[-2000:]
     names = members(tmp_path / ".devseed" / "docs-run-files.tar.gz")
     committed = run_files.seed_runs(sorted(REPO.glob("docs/results/*/run-files*")), "cpu", "32-true")[0]
     assert {"/".join(n.split("/")[:2]) for n in names} == set(committed) and committed
