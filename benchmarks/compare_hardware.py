@@ -3,7 +3,10 @@
     python benchmarks/compare_hardware.py runs runs-h100            # CPU sweep against the H100 sweep
     python benchmarks/compare_hardware.py runs runs-h100 --profile cpu
 
-Run directories match by their path under each root (``<recipe>/<profile>-lr..-wu..-seed..``). Prints
+    python benchmarks/compare_hardware.py docs/results/suites/placements-12l/run-files \
+        docs/results/suites-h100/placements-12l/run-files               # a suite's runs on the EPYC and the H100
+
+Run directories match by their path under each root (``<recipe>/<profile>-lr..-seed..``). Prints
 every pair, then the median and largest absolute difference over the pairs where both runs learn
 (validation loss more than ``NOT_LEARNING_NATS`` below the unigram reference, passed as --unigram: the rule by
 which ``make compare`` flags a run "not learning").
@@ -22,10 +25,34 @@ from resnorm_lm.analysis.sweep import NOT_LEARNING_NATS  # noqa: E402 (after the
 from resnorm_lm.train.runs import RunDir  # noqa: E402
 
 
-def val_loss(run_dir: Path) -> float | None:
+def val_losses(run_dir: Path) -> dict[str, float | None]:
+    """The run's validation loss by where it comes from: ``evaluated`` (a later ``evaluate`` of the whole split,
+    as ``make compare`` records it) and ``trained`` (the run's own end-of-training validation, eval.json's
+    ``val_loss``: what a suite's table scores). None for a run that diverged."""
     summary = RunDir(run_dir).summary()
-    ev = summary.get("eval") or {}
-    return None if summary.get("diverged") else (ev.get("validation") or {}).get("loss")
+    if summary.get("diverged"):
+        return {"evaluated": None, "trained": None}
+    return {
+        "evaluated": ((summary.get("eval") or {}).get("validation") or {}).get("loss"),
+        "trained": summary.get("val_loss"),
+    }
+
+
+def labels(first: Path, second: Path) -> tuple[str, str]:
+    """Column names for the two roots: the first part of their paths where they differ (suites / suites-h100 for
+    docs/results/suites/placements-12l/run-files and docs/results/suites-h100/placements-12l/run-files)."""
+    for x, y in zip(first.resolve().parts, second.resolve().parts):
+        if x != y:
+            return x, y
+    return first.name, second.name
+
+
+def pair(first: Path, second: Path) -> tuple[float | None, float | None]:
+    """The two runs' validation losses from the same source: the evaluated one where both have it, else each
+    run's own end-of-training one."""
+    a, b = val_losses(first), val_losses(second)
+    source = "evaluated" if a["evaluated"] is not None and b["evaluated"] is not None else "trained"
+    return a[source], b[source]
 
 
 def main() -> int:
@@ -37,15 +64,16 @@ def main() -> int:
     args = parser.parse_args()
     first, second = Path(args.first), Path(args.second)
     learning = []
-    print(f"{'run':48} {first.name:>10} {second.name:>10} {'diff':>8}")
+    names = labels(first, second)
+    print(f"{'run':48} {names[0]:>12} {names[1]:>12} {'diff':>8}")
     for path in sorted(first.glob(f"*/{args.profile}-*/eval.json")):
         rel = path.parent.relative_to(first)
         if not RunDir(second / rel).summary_path.is_file():
             continue
-        a, b = val_loss(first / rel), val_loss(second / rel)
+        a, b = pair(first / rel, second / rel)
         diff = None if a is None or b is None else b - a
         print(
-            f"{str(rel):48} {'-' if a is None else f'{a:.3f}':>10} {'-' if b is None else f'{b:.3f}':>10} "
+            f"{str(rel):48} {'-' if a is None else f'{a:.3f}':>12} {'-' if b is None else f'{b:.3f}':>12} "
             f"{'-' if diff is None else f'{diff:+.3f}':>8}"
         )
         if diff is not None and max(a, b) < args.unigram - NOT_LEARNING_NATS:

@@ -475,3 +475,25 @@ def test_compare_hardware_pairs_the_same_runs_of_two_machines(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "cpu-lr0.008" not in proc.stdout and "+1.020" not in proc.stdout and "-1.020" in proc.stdout
     assert "2 pairs where both learn: |diff| median 0.0200, largest 0.0300 nats" in proc.stdout
+
+
+@pytest.mark.training
+def test_compare_hardware_pairs_a_suites_runs_by_their_own_validation_and_one_source_a_pair(tmp_path):
+    def run(root: str, name: str, trained: float, evaluated: float | None = None) -> None:
+        d = tmp_path / root / "placements-12l" / "run-files" / "prenorm-12l" / name
+        d.mkdir(parents=True)
+        ev = {"eval": {"validation": {"loss": evaluated}}} if evaluated is not None else {}
+        (d / "eval.json").write_text(json.dumps({"diverged": False, "val_loss": trained, **ev}))
+
+    run("suites", "cpu-lr0.004-wf0.25-seed1", 5.03)  # a suite's runs: eval.json's val_loss alone
+    run("suites-h100", "cpu-lr0.004-wf0.25-seed1", 5.02)
+    run("suites", "cpu-lr0.008-wf0.25-seed1", 5.10, evaluated=5.00)  # evaluated on one side only: trained both
+    run("suites-h100", "cpu-lr0.008-wf0.25-seed1", 5.06)
+    roots = [str(tmp_path / r / "placements-12l" / "run-files") for r in ("suites", "suites-h100")]
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/compare_hardware.py", *roots], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[:3] == ["run", "suites", "suites-h100"]  # the roots told apart by where they differ
+    assert "-0.040" in proc.stdout and "+0.060" not in proc.stdout
+    assert "2 pairs where both learn: |diff| median 0.0250, largest 0.0400 nats" in proc.stdout
