@@ -247,6 +247,49 @@ def test_the_budget_spends_the_same_runs_on_recipes_whose_picks_land_in_differen
     assert {s.seed for s in low if s.setting == a.pick} == {0, 1, 2, 3, 4, 5}  # selection seed 0, then fresh ones
 
 
+def test_the_test_split_is_wanted_once_every_fresh_seed_at_a_pick_has_finished(tmp_path, recipes):
+    design = TunedBudget(load(str(suite_file(tmp_path))))
+    done = {**outcomes_for(design, "a-12l", bowl(0.002)), **outcomes_for(design, "b-12l", bowl(0.004, 0.1))}
+    picks = [RunSpec("a-12l", Setting(0.002, 0.3), k) for k in range(1, 6)]
+    assert design.tested(done) == [*picks, *[RunSpec("b-12l", Setting(0.004, 0.1), k) for k in range(1, 6)]]
+    del done[picks[2]]  # a-12l's third fresh seed not finished: none of a-12l's yet, b-12l's all
+    assert [s.recipe for s in design.tested(done)] == ["b-12l"] * 5
+    grid_only = {s: o for s, o in done.items() if s.seed == 0}
+    assert design.tested(grid_only) == []  # picks made, no fresh seed finished
+
+
+def test_the_runner_evaluates_the_test_split_while_it_trains(tmp_path, recipes, monkeypatch):
+    """A pick's test split is evaluated as soon as its fresh seeds have finished, before the runner ends: a GPU
+    machine's checkpoints go with the machine, and the table's render may not come in a stopped chunk."""
+    from resnorm_lm.analysis import suite_runner
+
+    suite = load(str(suite_file(tmp_path)))
+    design = TunedBudget(suite)
+    scores = {**outcomes_for(design, "a-12l", bowl(0.002)), **outcomes_for(design, "b-12l", bowl(0.004, 0.1))}
+    root = tmp_path / "runs"
+    trained, tested = [], []
+
+    def fake_train(self, spec, slot):  # a finished run: eval.json and a checkpoint, as fit leaves them
+        run = Path(spec.run_dir(str(root), suite.profile))
+        (run / "checkpoints").mkdir(parents=True)
+        (run / "checkpoints" / "last.ckpt").write_bytes(b"w")
+        (run / "eval.json").write_text(json.dumps({"finished": True, "val_loss": scores[spec].val_loss}))
+        trained.append(spec)
+        return 0
+
+    def fake_evaluate(suite_, run_dirs):
+        tested.append((len(trained), sorted(Path(d).parent.name for d in run_dirs)))
+
+    monkeypatch.setattr(suite_runner.SuiteTrainer, "train", fake_train)
+    monkeypatch.setattr(suite_runner.SuiteTrainer, "prepare_data", lambda self, specs: None)
+    monkeypatch.setattr(suite_runner, "evaluate_test", fake_evaluate)
+    assert suite_runner.train_suite(suite, design, str(root), jobs=1) == set()
+    assert set(trained) == set(scores)
+    first = next(i for i, (_, recipes_) in enumerate(tested) if recipes_)  # the first call with runs to test
+    assert tested[first][1] == ["a-12l"] * 5 and tested[first][0] < len(trained)  # before the last run trained
+    assert tested[-1] == (len(trained), ["a-12l"] * 5 + ["b-12l"] * 5)
+
+
 def test_a_pick_at_the_edge_extends_the_grid_at_most_twice_and_says_so_if_still_there(tmp_path, recipes):
     design = TunedBudget(load(str(suite_file(tmp_path))))
     once = outcomes_for(design, "a-12l", bowl(0.016))  # best one point beyond the grid

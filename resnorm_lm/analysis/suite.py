@@ -442,6 +442,11 @@ class Design:
     def plan(self, outcomes: dict[RunSpec, RunOutcome]) -> list[RunSpec]:
         raise NotImplementedError
 
+    def tested(self, outcomes: dict[RunSpec, RunOutcome]) -> list[RunSpec]:
+        """The runs whose test split the table reports, of the recipes whose such runs have all finished (the
+        runner evaluates them then, while their checkpoints are there); none by default."""
+        return []
+
 
 def _suite_error(suite, message: str) -> ValueError:
     return SuiteError(f"{suite.path}: {message}")
@@ -529,6 +534,16 @@ class TunedBudget(Design):
         finite = [s for s in ranked[1:] if math.isfinite(run[s])]
         sel.runner_up = finite[0] if sel.pick and finite else None
         return sel, wanted
+
+    def tested(self, outcomes: dict[RunSpec, RunOutcome]) -> list[RunSpec]:
+        """Each recipe's fresh seeds at its pick, once every one of them has finished."""
+        found = []
+        for recipe in self.suite.recipes:
+            pick = self.select(recipe, outcomes)[0].pick
+            seeds = [RunSpec(recipe, pick, k) for k in self.seeds] if pick is not None else []
+            if seeds and all(spec in outcomes for spec in seeds):
+                found += seeds
+        return found
 
     def plan(self, outcomes: dict[RunSpec, RunOutcome]) -> list[RunSpec]:
         wanted: list[RunSpec] = []

@@ -81,6 +81,8 @@ def train_suite(
 
     def next_runs() -> list[RunSpec]:
         plan, outcomes = settle(design, root, suite.profile)
+        if not trainer.fits.stops:  # the test split while the checkpoints are there (a GPU machine's go with it)
+            test_while_there(suite, [s.run_dir(root, suite.profile) for s in design.tested(outcomes)])
         busy = set(running.values())
         todo = [s for s in plan if s not in outcomes and s not in busy and s not in failed]
         progress.say(outcomes, list(busy), todo)
@@ -164,6 +166,14 @@ def run_seconds(root: str, suite: Suite, outcomes: dict[RunSpec, RunOutcome]) ->
 
 def duration(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds < 90 * 60 else f"{seconds / 3600:.1f} h"
+
+
+def test_while_there(suite: Suite, run_dirs: list[Path]) -> None:
+    """``evaluate_test`` during training: a failure is said and left to the table's render, which tries again."""
+    try:
+        evaluate_test(suite, run_dirs)
+    except RuntimeError as err:
+        print(f"suite {suite.name}: {err}; the table's render tries again", flush=True)
 
 
 def evaluate_test(suite: Suite, run_dirs: list[Path]) -> None:
