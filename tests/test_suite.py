@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from resnorm_lm.analysis.suite import (
     load,
     machine_overrides,
     main,
+    suite_path,
 )
 from resnorm_lm.analysis.suite_report import TunedReport, tuned_markdown
 from resnorm_lm.analysis.sweep import RunOutcome, RunSpec, Setting
@@ -92,6 +94,12 @@ def test_every_suite_in_the_repository_loads(recipes):
     pilot = load("pilot-seeds")
     assert SeedPilot(pilot).max_runs == 13 and len(SeedPilot(pilot).plan({})) == 26
     for name in available_suites():  # every file, recipes and all, as `make suite SUITE=<name>` reads it
+        if "recipes_of" in suite_path(name).read_text():  # drawn from a table: loads once that table is complete
+            try:
+                assert load(name).drawn_by is not None
+            except SuiteError as err:
+                assert "is not complete" in str(err) and "waiting for" in str(err), err
+            continue
         assert load(name).name == name
 
 
@@ -110,6 +118,56 @@ def horizon_file(tmp_path: Path, **changes) -> Path:
     path = tmp_path / "long.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
+
+
+def table_csv(path: Path, rows: list[tuple[str, float | None, str]]) -> Path:
+    """A suite's table.csv with the columns a drawing rule reads: (recipe, mean validation loss, status)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["recipe", "runs", "val_loss_mean", "status"])
+        w.writerows((r, 19, "" if v is None else v, st) for r, v, st in rows)
+    return path
+
+
+def test_a_suite_draws_its_recipes_from_a_complete_table_by_the_rule_its_file_wrote(tmp_path, recipes):
+    from resnorm_lm.analysis.suite_report import drawn_line
+
+    table = tmp_path / "base" / "table.csv"
+    rows = [
+        ("mixln-12l", 5.096, "complete"),
+        ("lns-12l", 5.017, "complete"),
+        ("noresidual-12l", None, "complete"),  # every fresh seed failed: no loss, not ranked
+        ("a-12l", 5.032, "complete"),
+        ("rezero-12l", 5.028, "complete"),
+        ("deepnorm-12l", None, "diverged at every setting"),
+        ("sandwich-12l", 5.287, "complete"),
+        ("b-12l", 5.218, "complete"),
+    ]
+    table_csv(table, rows)
+    rule = {"table": str(table), "best": 3, "with": ["a-12l", "b-12l"]}
+    path = suite_file(tmp_path, recipes=None, recipes_of=rule)
+    suite = load(str(path))
+    assert suite.recipes == ["a-12l", "lns-12l", "rezero-12l", "b-12l"]  # the reference first; a-12l ranked third
+    said = drawn_line(suite.drawn_by)
+    assert suite.drawn_by.best == 3 and f"`{table}`" in said and "3 best by validation loss" in said
+    table_csv(table, [*rows[:-1], ("b-12l", None, "partial: 3/5 fresh seeds")])
+    with pytest.raises(SuiteError, match=r"is not complete \(7 of 8 rows final; waiting for b-12l\)"):
+        load(str(path))
+
+
+@pytest.mark.parametrize(
+    "change, said",
+    [
+        ({"recipes_of": {"table": "t.csv", "best": 2}}, "give `recipes`"),  # both keys
+        ({"recipes": None, "recipes_of": {"table": "t.csv"}}, "recipes_of: {table:"),
+        ({"recipes": None, "recipes_of": {"table": "t.csv", "best": 0}}, "best: a count of 1 or more"),
+        ({"recipes": None, "recipes_of": {"table": "no/such.csv", "best": 2}}, "no table at no/such.csv"),
+    ],
+)
+def test_a_drawing_rule_that_cannot_draw_is_refused_with_what_to_write(tmp_path, recipes, change, said):
+    with pytest.raises(SuiteError, match=re.escape(said)):
+        load(str(suite_file(tmp_path, **change)))
 
 
 @pytest.mark.parametrize(

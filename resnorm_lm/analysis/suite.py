@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from resnorm_lm.analysis.drawn_recipes import DrawRule
 from resnorm_lm.analysis.equal_compute import compute_mismatch, compute_target, steps_mismatch, write_equal_compute
 from resnorm_lm.analysis.evidence import ProvenanceError, table_provenance
 from resnorm_lm.analysis.horizons import horizon_mismatch, write_horizons
@@ -190,6 +191,7 @@ KEYS = {
     "pilot": "the seeds design's settings and seeds",
     "horizon_of": "a suite this one repeats at another trainer.max_steps, all else equal (a second horizon)",
     "compute_of": "{suite: <a suite>, recipe: <its design>}: its reference at that design's training FLOPs",
+    "recipes_of": "{table: <a suite's table.csv>, best: N, with: [...]}: the recipes, drawn from a complete table",
 }
 
 
@@ -233,6 +235,7 @@ class Suite:
     sections: dict[str, Any] = field(default_factory=dict)  # the design's own section (budget: or pilot:)
     horizon_of: str | None = None  # the suite this one repeats at another horizon (horizons.py)
     compute_of: tuple[str, str] | None = None  # (suite, design): its reference at the design's FLOPs (equal_compute.py)
+    drawn_by: DrawRule | None = None  # the rule its recipes were drawn by from another table (drawn_recipes.py)
 
     def train_args(self) -> list[str]:
         """The ``fit`` overrides of every run: the file's ``train`` section."""
@@ -295,9 +298,18 @@ def load(name: str, root: Path = SUITES_DIR) -> Suite:
             f"{path}: unknown key(s) {', '.join(unknown)}; a suite file has: "
             + "; ".join(f"{k} ({what})" for k, what in KEYS.items())
         )
-    for key in ("design", "profile", "recipes", "reference", "train"):
+    for key in ("design", "profile", "reference", "train"):
         if key not in raw:
             raise SuiteError(f"{path}: `{key}` is missing: {KEYS[key]}")
+    if ("recipes" in raw) == ("recipes_of" in raw):
+        raise SuiteError(f"{path}: give `recipes` ({KEYS['recipes']}) or `recipes_of` ({KEYS['recipes_of']}), one")
+    drawn_by = None
+    if "recipes_of" in raw:  # the rule is the file's; the list, the rule's result on a complete table
+        try:
+            drawn_by = DrawRule.parse(raw["recipes_of"])
+            raw = {**raw, "recipes": drawn_by.draw()}
+        except ValueError as err:
+            raise SuiteError(f"{path}: {err}") from None
     try:
         design = SUITE_DESIGNS.get(raw["design"])
     except ValueError as err:
@@ -339,6 +351,7 @@ def load(name: str, root: Path = SUITES_DIR) -> Suite:
         arithmetic=arithmetic,
         sections={k: raw[k] for k in ("budget", "pilot") if k in raw},
         horizon_of=raw.get("horizon_of"),
+        drawn_by=drawn_by,
     )
     design.check(suite)
     try:

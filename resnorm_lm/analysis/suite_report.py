@@ -39,6 +39,7 @@ from resnorm_lm.train.diagnostics import TRAIN_LOSS, VAL_LOSS
 from resnorm_lm.train.runs import RunDir
 
 if TYPE_CHECKING:
+    from resnorm_lm.analysis.drawn_recipes import DrawRule
     from resnorm_lm.analysis.suite import SeedPilot, Suite, TunedBudget
 
 
@@ -272,6 +273,14 @@ class TunedReport:
         return out
 
 
+def drawn_line(rule: DrawRule) -> str:
+    also = f", and {', '.join(f'`{r}`' for r in rule.also)} whatever their rank" if rule.also else ""
+    return (
+        f"Recipes: drawn by the suite file's rule from `{rule.table}`, written before that table was complete: its "
+        f"{rule.best} best by validation loss{also}."
+    )
+
+
 def tuned_markdown(report: TunedReport, rows: list[dict], provenance: TableProvenance, partial: bool) -> str:
     suite, d = report.suite, report.design
     total = sum(r["runs"] for r in rows)
@@ -296,6 +305,7 @@ def tuned_markdown(report: TunedReport, rows: list[dict], provenance: TableProve
         f"{d.extensions} one-point LR extensions beyond an edge pick; then seeds "
         f"{', '.join(map(str, d.seeds))} at the pick and {', '.join(map(str, d.runner_up_seeds))} at the "
         "runner-up. The selection seed is not reported.",
+        *(["", drawn_line(suite.drawn_by)] if suite.drawn_by else []),
         "",
         "Numbers: the fresh seeds at the pick. Loss: mean ± 95% t interval over the seeds that learned; "
         f"failures (not learning: within {NOT_LEARNING_NATS} nats of the unigram loss {report.unigram:.3f}, or "
