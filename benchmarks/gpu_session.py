@@ -105,7 +105,8 @@ DEPTH_RESERVE_S = 150  # of a depth round: rendering the tables, the layer contr
 SUITE_TRAIN_ARGS = ["--trainer.accelerator=gpu", "--trainer.enable_progress_bar=false"]  # the machine's, not the
 # protocol's (suite refuses those): precision, horizon and the rest are the suite file's
 GPU_SUITE_RESULTS = "docs/results/suites-h100"  # the H100's suite tables; prepare carries their runs
-SUITE_RESERVE_S = 120  # of a suite chunk: the stopped runs saving, the table (the picks' test split), packing
+SUITE_RESERVE_S = 60  # of a suite chunk: the stopped runs saving (4 s on the H100), the table (16 s), packing;
+# the picks' test split is evaluated while the chunk trains (suite_runner.test_while_there), not here
 # the dry run's suite: two smoke runs of 4 steps, one seed each (a tuned budget needs at least 3 LRs a recipe)
 DRY_SUITE = """about: the suite stage's dry run
 design: seeds
