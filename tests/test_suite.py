@@ -556,6 +556,21 @@ def test_runs_of_different_arithmetic_are_refused_in_one_table_unless_marked(tmp
     assert table_provenance(dirs[:2]).problems() == []  # one arithmetic: one table
 
 
+def test_the_provenance_says_a_gpus_kernels_as_the_gpus_not_the_cpu_caps_its_environment_also_set(tmp_path):
+    spec = RunSpec("a-12l", Setting(1e-3, 0.1), 1)
+    fake_run(tmp_path, spec, 5.0, machine="EPYC")
+    cpu = table_provenance([("a-12l", spec.run_dir(str(tmp_path), "smoke"))]).lines()[0]
+    assert "kernels portable (AVX2 caps, one thread)" in cpu
+    manifest = spec.run_dir(str(tmp_path), "smoke") / "manifest.json"
+    record = json.loads(manifest.read_text())
+    for segment in (record, *record["segments"]):  # the suite's portable env on an H100: CPU caps, GPU kernels
+        segment["arithmetic"].update(device="NVIDIA H100 80GB HBM3", tf32=False)
+        segment["hardware"] = {"cpu": "Xeon", "gpus": ["NVIDIA H100 80GB HBM3"]}
+    manifest.write_text(json.dumps(record))
+    gpu = table_provenance([("a-12l", spec.run_dir(str(tmp_path), "smoke"))]).lines()[0]
+    assert "on NVIDIA H100 80GB HBM3" in gpu and "kernels CUDA, TF32 off" in gpu and "AVX2" not in gpu
+
+
 def test_a_recipe_whose_code_changed_its_numbers_between_runs_is_refused(tmp_path):
     dirs = []
     for k, model in ((1, "m1"), (2, "m2")):

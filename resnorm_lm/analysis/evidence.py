@@ -215,6 +215,8 @@ class Provenance:
     torch: str
     code: str
     portable: bool | None
+    device: str | None = None  # "cpu", or the GPU it computed on (None: not recorded)
+    tf32: bool | None = None  # whether fp32 matrix products ran in TF32 on that GPU
 
     @classmethod
     def of(cls, run_dir: Path) -> Provenance:
@@ -237,7 +239,16 @@ class Provenance:
             torch=torch,
             code=str(last.get("code_revision") or "unknown"),
             portable=record.get("portable"),
+            device=record.get("device"),
+            tf32=record.get("tf32"),
         )
+
+    @property
+    def kernels(self) -> str:
+        """The kernels' arithmetic in words: a GPU's (TF32 on or off), or the CPU's capped or native kernels."""
+        if self.device not in (None, "cpu"):
+            return "CUDA, TF32 " + {True: "on", False: "off"}.get(self.tf32, "not recorded")
+        return {True: "portable (AVX2 caps, one thread)", False: "native"}.get(self.portable, "not recorded")
 
 
 def segment_arithmetics(run_dir: Path) -> set[str]:
@@ -311,12 +322,7 @@ class TableProvenance:
                 "torch": ", ".join(sorted({p.torch for p in members})),
                 "code": ", ".join(sorted({p.code[:12] for p in members})),
             }
-            portable = {p.portable for p in members}
-            kernels = (
-                "portable (AVX2 caps, one thread)"
-                if portable == {True}
-                else ("native" if portable == {False} else "not recorded")
-            )
+            kernels = ", ".join(sorted({p.kernels for p in members}))
             mark = f"{label}: " if len(self.labels) > 1 else ""
             out.append(
                 f"{mark}arithmetic {arithmetic}: {len(members)} runs on {facts['machines']}; precision "
