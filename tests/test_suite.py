@@ -103,6 +103,16 @@ def test_every_suite_in_the_repository_loads(recipes):
         assert load(name).name == name
 
 
+def test_designs_dyt_part_is_designs_12l_itself_on_fewer_recipes(recipes):
+    """Its runs are runs designs-12l wants, so that designs-12l takes them (--reuse) rather than training twice."""
+    part, whole = load("designs-12l-dyt"), load("designs-12l")
+    assert set(part.recipes) < set(whole.recipes) and part.reference == whole.reference in part.recipes
+    assert {r for r in part.recipes if "dyt" in r} == {r for r in whole.recipes if "dyt" in r} != set()
+    same = ("design", "profile", "train", "arithmetic", "sections")
+    assert [getattr(part, k) for k in same] == [getattr(whole, k) for k in same]
+    assert TunedBudget(part).plan({})[0] in TunedBudget(whole).plan({})
+
+
 def test_the_second_horizons_in_the_repository_are_placements_at_2000_steps():
     base = load("placements-12l")
     for name in ("placements-12l-2000", "placements-12l-2000-all"):
