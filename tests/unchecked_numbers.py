@@ -22,6 +22,8 @@ class Unchecked:
     why: str
 
 
+PRECISION_PROBE = "the evaluation-precision probe"  # results-history.md, "Evaluation precision"
+
 UNCHECKED = [
     # settings, constants, estimates, arithmetic of the set-up, a paper's claim, a licence's version
     Unchecked(SETTING, "docs/comparing.md", "0.4 is 200 of the", "a warmup fraction: 200 / 500 steps"),
@@ -76,11 +78,11 @@ UNCHECKED = [
     Unchecked(UNFILED, "docs/training.md", "`val_bpb=2.3338`", "a fresh clone's run on the Xeon, commit 18aba0f"),
     Unchecked(UNFILED, "docs/training.md", "`val_bpb=2.3381`", "a fresh clone's run on the Xeon, commit 9d1143e"),
     Unchecked(UNFILED, "docs/training.md", "0.009 nats of val loss from the row above", "the two fresh clones' runs"),
-    Unchecked(UNFILED, "docs/results-history.md", "| 6.3864 | +0.00020 | +0.00006 |", "the evaluation-precision probe"),
-    Unchecked(UNFILED, "docs/results-history.md", "| 7.0044 | +0.00109 | +0.00107 |", "the evaluation-precision probe"),
-    Unchecked(UNFILED, "docs/results-history.md", "| 5.5051 | +0.00005 | +0.00005 |", "the evaluation-precision probe"),
-    Unchecked(UNFILED, "docs/results-history.md", "| 6.3501 | -0.00002 | -0.00000 |", "the evaluation-precision probe"),
-    Unchecked(UNFILED, "docs/results-history.md", "about 0.001 nats, and under 0.0002", "the precision probe"),
+    Unchecked(UNFILED, "docs/results-history.md", "| 6.3864 | +0.00020 | +0.00006 |", PRECISION_PROBE),
+    Unchecked(UNFILED, "docs/results-history.md", "| 7.0044 | +0.00109 | +0.00107 |", PRECISION_PROBE),
+    Unchecked(UNFILED, "docs/results-history.md", "| 5.5051 | +0.00005 | +0.00005 |", PRECISION_PROBE),
+    Unchecked(UNFILED, "docs/results-history.md", "| 6.3501 | -0.00002 | -0.00000 |", PRECISION_PROBE),
+    Unchecked(UNFILED, "docs/results-history.md", "about 0.001 nats, and under 0.0002", PRECISION_PROBE),
     Unchecked(UNFILED, "docs/results-history.md", "of 0.003 nats", "benchmarks/compare_hardware.py over runs not kept"),
     Unchecked(UNFILED, "docs/results-history.md", "at 6.424 and 6.288", "one seed's runs (the tables keep the means)"),
     Unchecked(UNFILED, "docs/results.md", "6.221 at 1.25e-4 and 6.860 at", "the lower-LR no-warmup CPU runs"),
@@ -97,7 +99,9 @@ UNCHECKED = [
     Unchecked(UNFILED, "docs/depth.md", "-0.06, -0.06 and -0.01 at 8e-3", "the 8e-3 runner-up's layer contribution"),
     # computed by hand from files that are kept
     Unchecked(BY_HAND, "docs/results-history.md", "at least 0.023 nats", "the smallest gap between ranks, H100 tables"),
-    Unchecked(BY_HAND, "docs/results-history.md", "by at least 0.03 (the no-residual", "smallest lead of a pick, H100"),
+    Unchecked(
+        BY_HAND, "docs/results-history.md", "by at least 0.03 (the no-residual", "the smallest lead of a pick, H100"
+    ),
     Unchecked(BY_HAND, "docs/results-history.md", "by 0.012). A shift", "no-residual's lead over its runner-up, H100"),
     Unchecked(BY_HAND, "docs/results.md", "(training loss 6.3-6.6 from step 50 on)", "the DyT runs' metrics.csv"),
     Unchecked(BY_HAND, "docs/results.md", "within 0.04 of the exact record", "metrics.csv against eval.json's clip"),
