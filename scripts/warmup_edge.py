@@ -90,9 +90,11 @@ def table(root: Path, export: Path | None) -> int:
             print(f"warmup edge: {edge.path} is not finished; left out", file=sys.stderr)
             continue
         pick_loss = RunDir(pick_run(row)).summary()["val_loss"]
-        edge_loss = edge.summary()["val_loss"]
+        summary = edge.summary()
+        edge_loss = None if summary.get("diverged") else summary["val_loss"]  # None: diverged, no loss to set beside
         machines.add(edge.manifest()["hardware"]["cpu"])
-        rows.append([row["recipe"], row["lr"], row["warmup"], pick_loss, EDGE[row["warmup"]], edge_loss])
+        at = summary.get("diverged_at_step")
+        rows.append([row["recipe"], row["lr"], row["warmup"], pick_loss, EDGE[row["warmup"]], edge_loss, at])
         if export is not None:
             target = export / row["recipe"] / edge.path.name
             target.mkdir(parents=True, exist_ok=True)
@@ -100,18 +102,13 @@ def table(root: Path, export: Path | None) -> int:
                 shutil.copy2(path, target / path.name)
     header = ["recipe", "lr", "pick warmup", "pick val loss", "edge warmup", "edge val loss", "edge - pick"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for recipe, lr, wf, pick_loss, edge_wf, edge_loss in rows:
-        cells = [
-            f"`{recipe}`",
-            lr,
-            wf,
-            f"{pick_loss:.3f}",
-            edge_wf,
-            f"{edge_loss:.3f}",
-            f"{edge_loss - pick_loss:+.3f}",
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    better = [r[0] for r in rows if r[5] < r[3] - TOLERANCE]
+    for recipe, lr, wf, pick_loss, edge_wf, edge_loss, at in rows:
+        if edge_loss is None:
+            edge_cells = [f"diverged (step {at})", "-"]
+        else:
+            edge_cells = [f"{edge_loss:.3f}", f"{edge_loss - pick_loss:+.3f}"]
+        lines.append("| " + " | ".join([f"`{recipe}`", lr, wf, f"{pick_loss:.3f}", edge_wf, *edge_cells]) + " |")
+    better = [r[0] for r in rows if r[5] is not None and r[5] < r[3] - TOLERANCE]
     verdict = (
         f"Better at the edge by more than {TOLERANCE} nats: {', '.join(better)}."
         if better

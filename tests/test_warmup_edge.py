@@ -40,12 +40,14 @@ def test_the_fit_command_is_the_picks_config_with_only_the_warmup_and_the_place_
     assert edge.fit_command(row, tmp_path, resume=True) == [*cmd, "--ckpt_path=last"]
 
 
-def fake_edge_run(edge, row, root: Path, val_loss: float) -> Path:
-    """An edge run made of its pick's files with another validation loss (the table reads nothing else)."""
+def fake_edge_run(edge, row, root: Path, val_loss: float, diverged_at: int | None = None) -> Path:
+    """An edge run made of its pick's files with another validation loss, or a divergence (the table reads
+    nothing else)."""
     run = edge.edge_run(row, root)
     shutil.copytree(edge.pick_run(row), run)
     summary = json.loads((run / "eval.json").read_text())
-    (run / "eval.json").write_text(json.dumps({**summary, "val_loss": val_loss}))
+    diverged = {"diverged": diverged_at is not None, "diverged_at_step": diverged_at}
+    (run / "eval.json").write_text(json.dumps({**summary, "val_loss": val_loss, **diverged}))
     return run
 
 
@@ -54,11 +56,13 @@ def test_the_table_sets_each_finished_edge_run_beside_its_pick_and_applies_the_r
     pick = {name: json.loads((edge.pick_run(rows[name]) / "eval.json").read_text())["val_loss"] for name in rows}
     fake_edge_run(edge, rows["prenorm-12l"], tmp_path / "runs", pick["prenorm-12l"] + 0.02)
     fake_edge_run(edge, rows["postnorm-12l"], tmp_path / "runs", pick["postnorm-12l"] - 0.08)
+    fake_edge_run(edge, rows["rezero-12l"], tmp_path / "runs", 1.0, diverged_at=16)  # a loss too low, never read
     assert edge.table(tmp_path / "runs", tmp_path / "export") == 0
     out = capsys.readouterr()
     assert f"| {pick['prenorm-12l']:.3f} | " in out.out and "| +0.020 |" in out.out and "| -0.080 |" in out.out
+    assert "| diverged (step 16) | - |" in out.out
     assert "by more than 0.05 nats: postnorm-12l." in out.out
-    assert "2 of " in out.out and "not finished; left out" in out.err
+    assert "3 of " in out.out and "not finished; left out" in out.err
     exported = tmp_path / "export/postnorm-12l" / edge.edge_run(rows["postnorm-12l"], tmp_path).name
     assert sorted(p.name for p in exported.iterdir()) == sorted(
         p.name for p in edge.RunDir(edge.pick_run(rows["postnorm-12l"])).small_files()
