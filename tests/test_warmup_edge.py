@@ -68,3 +68,25 @@ def test_the_table_sets_each_finished_edge_run_beside_its_pick_and_applies_the_r
         p.name for p in edge.RunDir(edge.pick_run(rows["postnorm-12l"])).small_files()
     )
     assert "| `postnorm-12l` |" in (tmp_path / "export/warmup-edge.md").read_text()
+
+
+@pytest.mark.parametrize(("codes", "expected"), [((0, 3), 0), ((0, 1), 1)])  # 3: diverged, a result
+def test_train_runs_each_unfinished_edge_and_fails_only_on_a_failed_fit(edge, tmp_path, monkeypatch, codes, expected):
+    rows = [r for r in edge.picks() if r["recipe"] in ("prenorm-12l", "postnorm-12l")]
+    monkeypatch.setattr(edge, "picks", lambda: rows)
+    checkpoint = edge.edge_run(rows[1], tmp_path) / "checkpoints/last.ckpt"  # an interrupted run: resumed
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_bytes(b"")
+    calls = []
+
+    def fake_run(cmd, env, **kwargs):
+        calls.append((cmd, env))
+        return edge.subprocess.CompletedProcess(cmd, codes[len(calls) - 1])
+
+    monkeypatch.setattr(edge.subprocess, "run", fake_run)
+    assert edge.train(tmp_path, jobs=1) == expected
+    assert [cmd for cmd, _ in calls] == [
+        edge.fit_command(rows[0], tmp_path, False),
+        edge.fit_command(rows[1], tmp_path, True),
+    ]
+    assert all(env[name] == value for _, env in calls for name, value in edge.PORTABLE_ENV.items())
