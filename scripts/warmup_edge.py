@@ -19,15 +19,16 @@ from __future__ import annotations
 import argparse
 import csv
 import os
-import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from resnorm_lm.analysis.block_measurements import markdown_table
+from resnorm_lm.data.cache import atomic_write
 from resnorm_lm.train.arithmetic import PORTABLE_ENV
 from resnorm_lm.train.lightning_cli import EXIT_DIVERGED
-from resnorm_lm.train.runs import RunDir
+from resnorm_lm.train.runs import RunDir, copy_small_files
 
 REPO = Path(__file__).resolve().parents[1]
 SUITE = REPO / "docs/results/suites/placements-12l"  # the committed suite: its picks and every run's files
@@ -84,46 +85,50 @@ def train(root: Path, jobs: int) -> int:
 
 
 def table(root: Path, export: Path | None) -> int:
-    rows, machines = [], set()
+    rows, better, machines, finished = [], [], set(), []
     for row in picks():
         edge = RunDir(edge_run(row, root))
         if edge.state() != "finished":
             print(f"warmup edge: {edge.path} is not finished; left out", file=sys.stderr)
             continue
-        pick_loss = RunDir(pick_run(row)).summary()["val_loss"]
-        summary = edge.summary()
-        edge_loss = None if summary.get("diverged") else summary["val_loss"]  # None: diverged, no loss to set beside
+        finished.append(edge.path)
         machines.add(edge.manifest()["hardware"]["cpu"])
-        at = summary.get("diverged_at_step")
-        rows.append([row["recipe"], row["lr"], row["warmup"], pick_loss, EDGE[row["warmup"]], edge_loss, at])
-        if export is not None:
-            target = export / row["recipe"] / edge.path.name
-            target.mkdir(parents=True, exist_ok=True)
-            for path in edge.small_files():
-                shutil.copy2(path, target / path.name)
-    header = ["recipe", "lr", "pick warmup", "pick val loss", "edge warmup", "edge val loss", "edge - pick"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for recipe, lr, wf, pick_loss, edge_wf, edge_loss, at in rows:
-        if edge_loss is None:
-            edge_cells = [f"diverged (step {at})", "-"]
+        pick_loss, summary = RunDir(pick_run(row)).summary()["val_loss"], edge.summary()
+        if summary.get("diverged"):  # no loss to set beside the pick's
+            edge_loss, gap = f"diverged (step {summary.get('diverged_at_step')})", "-"
         else:
-            edge_cells = [f"{edge_loss:.3f}", f"{edge_loss - pick_loss:+.3f}"]
-        lines.append("| " + " | ".join([f"`{recipe}`", lr, wf, f"{pick_loss:.3f}", edge_wf, *edge_cells]) + " |")
-    better = [r[0] for r in rows if r[5] is not None and r[5] < r[3] - TOLERANCE]
+            edge_loss, gap = f"{summary['val_loss']:.3f}", f"{summary['val_loss'] - pick_loss:+.3f}"
+            if summary["val_loss"] < pick_loss - TOLERANCE:
+                better.append(row["recipe"])
+        rows.append(
+            {
+                "recipe": f"`{row['recipe']}`",
+                "lr": row["lr"],
+                "pick warmup": row["warmup"],
+                "pick val loss": f"{pick_loss:.3f}",
+                "edge warmup": EDGE[row["warmup"]],
+                "edge val loss": edge_loss,
+                "edge - pick": gap,
+            }
+        )
     verdict = (
         f"Better at the edge by more than {TOLERANCE} nats: {', '.join(better)}."
         if better
         else f"No pick is beaten at the edge by more than {TOLERANCE} nats."
     )
-    text = "\n".join(lines) + f"\n\n{verdict} One run each (seed 0): {len(rows)} of {len(picks())} picks.\n"
+    text = (
+        markdown_table(rows) if rows else ""
+    ) + f"\n{verdict} One run each (seed 0): {len(rows)} of {len(picks())} picks.\n"
     print(text)
     if export is not None:
-        (export / "warmup-edge.md").write_text(
-            f"# The placements suite's picks, one warmup step past their edge (seed 0, {', '.join(sorted(machines))}, "
-            "portable arithmetic)\n\n"
-            "`python scripts/warmup_edge.py train` then `table --export docs/results/warmup-edge`; pick runs: "
-            "`docs/results/suites/placements-12l/run-files/`.\n\n" + text
-        )
+        copy_small_files(finished, root, export)
+        with atomic_write(export / "warmup-edge.md", "w") as f:
+            f.write(
+                "# The placements suite's picks, one warmup step past their edge "
+                f"(seed 0, {', '.join(sorted(machines))}, portable arithmetic)\n\n"
+                "`python scripts/warmup_edge.py train` then `table --export docs/results/warmup-edge`; pick runs: "
+                "`docs/results/suites/placements-12l/run-files/`.\n\n" + text
+            )
     return 0
 
 
