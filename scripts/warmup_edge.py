@@ -18,16 +18,15 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import os
-import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from resnorm_lm.analysis.block_measurements import markdown_table
+from resnorm_lm.analysis.launchers import train_probe_runs
 from resnorm_lm.data.cache import atomic_write
 from resnorm_lm.train.arithmetic import PORTABLE_ENV
-from resnorm_lm.train.lightning_cli import EXIT_DIVERGED
 from resnorm_lm.train.runs import RunDir, copy_small_files
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,25 +62,8 @@ def fit_command(row: dict[str, str], root: Path, resume: bool) -> list[str]:
 
 
 def train(root: Path, jobs: int) -> int:
-    todo = [row for row in picks() if RunDir(edge_run(row, root)).state() != "finished"]
-    print(f"warmup edge: {len(picks())} picks, {len(todo)} edge runs to train, {jobs} at a time", flush=True)
-    env = {**os.environ, **PORTABLE_ENV}
-    root.mkdir(parents=True, exist_ok=True)
-
-    def one(row: dict[str, str]) -> int:
-        run = RunDir(edge_run(row, root))
-        print(f"warmup edge: training {run.path}", flush=True)
-        with (root / f"{row['recipe']}.log").open("a") as log:
-            # in this process group: a Ctrl-C reaches each fit, which saves last.ckpt and stops (train again resumes)
-            code = subprocess.run(
-                fit_command(row, root, run.has_checkpoint()), env=env, stdout=log, stderr=log
-            ).returncode
-        print(f"warmup edge: {run.path}: exit {code}", flush=True)
-        return code
-
-    with ThreadPoolExecutor(max(1, jobs)) as pool:
-        codes = list(pool.map(one, todo))
-    return 0 if all(code in (0, EXIT_DIVERGED) for code in codes) else 1  # a divergence is a result, not a failure
+    runs = [(edge_run(row, root), functools.partial(fit_command, row, root)) for row in picks()]
+    return train_probe_runs(runs, {**os.environ, **PORTABLE_ENV}, jobs, "warmup edge")
 
 
 def table(root: Path, export: Path | None) -> int:

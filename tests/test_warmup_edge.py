@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -81,9 +82,9 @@ def test_train_runs_each_unfinished_edge_and_fails_only_on_a_failed_fit(edge, tm
 
     def fake_run(cmd, env, **kwargs):
         calls.append((cmd, env))
-        return edge.subprocess.CompletedProcess(cmd, codes[len(calls) - 1])
+        return subprocess.CompletedProcess(cmd, codes[len(calls) - 1])
 
-    monkeypatch.setattr(edge.subprocess, "run", fake_run)
+    monkeypatch.setattr(subprocess, "run", fake_run)
     assert edge.train(tmp_path, jobs=1) == expected
     assert [cmd for cmd, _ in calls] == [
         edge.fit_command(rows[0], tmp_path, False),

@@ -5,7 +5,8 @@ SLURM jobs (``--launcher slurm``).
 
 Training a sweep's runs on this machine: each a ``resnorm-lm fit`` subprocess, ``jobs`` at a time (one GPU each
 where there are enough, one log file each), the data they resolve to prepared once before parallel jobs start, a
-stop passed on to the runs in training, and the time it will take.
+stop passed on to the runs in training, and the time it will take. A probe's few runs (``scripts/``) train through
+``train_probe_runs``: skipped when finished, resumed when interrupted.
 
 ## SLURM
 
@@ -288,6 +289,31 @@ class SweepTrainer:
         elif self.jobs > 1:
             print(f"{self.who}: finished {label} (log: {run_dir / 'train.log'})", flush=True)
         return code
+
+
+def train_probe_runs(
+    runs: list[tuple[Path, Callable[[bool], list[str]]]], env: dict[str, str], jobs: int, who: str
+) -> int:
+    """A probe's runs (each its directory and its ``fit`` command, given whether it resumes), ``jobs`` at a time
+    in ``env``: each finished one skipped, each interrupted one resumed from its checkpoint, each logging to
+    ``<its directory>.log``. 0 unless a fit failed (a divergence is a result, not a failure)."""
+    todo = [(path, command) for path, command in runs if RunDir(path).state() != "finished"]
+    print(f"{who}: {len(runs)} runs, {len(todo)} to train, {jobs} at a time", flush=True)
+
+    def one(path: Path, command: Callable[[bool], list[str]]) -> int:
+        print(f"{who}: training {path}", flush=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.with_name(f"{path.name}.log").open("a") as log:
+            # in this process group: a Ctrl-C reaches each fit, which saves last.ckpt and stops (train again resumes)
+            code = subprocess.run(command(RunDir(path).has_checkpoint()), env=env, stdout=log, stderr=log).returncode
+        print(f"{who}: {path}: exit {code}", flush=True)
+        return code
+
+    from resnorm_lm.train.lightning_cli import EXIT_DIVERGED  # here: lightning loads only when a probe trains
+
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        codes = list(pool.map(lambda run: one(*run), todo))
+    return 0 if all(code in (0, EXIT_DIVERGED) for code in codes) else 1
 
 
 def profile_trainer(profile: str) -> dict:
