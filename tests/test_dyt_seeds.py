@@ -3,23 +3,20 @@ setting's seeds with pre-norm's (the suite's rule, and every seed at its own los
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.scripts import load_script
+
 UNIGRAM = 6.401  # the suite's data (its table says so); the table's reading of it is patched in, not recomputed
 
 
 @pytest.fixture(scope="module")
 def probe():
-    spec = importlib.util.spec_from_file_location("dyt_seeds", REPO / "scripts/dyt_seeds.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("dyt_seeds")
 
 
 def test_each_probe_setting_has_its_committed_seed0_config_and_the_reference_its_seeds(probe):

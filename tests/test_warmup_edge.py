@@ -3,7 +3,6 @@ by side (the probe's rule: a gain over the suite's LR tolerance)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -11,15 +10,12 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def edge():
-    spec = importlib.util.spec_from_file_location("warmup_edge", REPO / "scripts/warmup_edge.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("warmup_edge")
 
 
 def test_every_pick_has_its_seed0_config_and_an_edge_past_it(edge):
