@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 from resnorm_lm.analysis.block_measurements import markdown_table
-from resnorm_lm.analysis.evidence import Interval, Proportion, mean_interval, paired_difference
+from resnorm_lm.analysis.evidence import Proportion, interval_text, mean_interval, paired_difference
 from resnorm_lm.analysis.launchers import train_probe_runs
 from resnorm_lm.analysis.sweep import NOT_LEARNING_NATS, unigram_reference
 from resnorm_lm.data.cache import atomic_write
@@ -97,12 +97,6 @@ def seed_runs(lr: str, warmup: str, root: Path) -> dict[int, Path]:
     return found
 
 
-def fmt(interval: Interval | None, sign: bool = False) -> str:
-    if interval is None:
-        return "-"
-    return ("+" if sign and interval.mean >= 0 else "") + interval.text()
-
-
 def table(root: Path, export: Path | None) -> int:
     reference = {s: RunDir(suite_run(*REFERENCE_PICK, s, REFERENCE)).summary()["val_loss"] for s in SEEDS}
     unigram = unigram_reference(suite_run(*REFERENCE_PICK, 1, REFERENCE))
@@ -122,9 +116,9 @@ def table(root: Path, export: Path | None) -> int:
                 "seed 0 (selection)": f"{selection:.3f}",
                 "fresh seeds": len(runs),
                 "failed": Proportion(len(runs) - len(learned), len(runs)).text(),
-                "val loss (learned)": fmt(mean_interval(list(learned.values()))),
-                "Δ val (learned)": fmt(paired_difference(learned, reference), sign=True),
-                "Δ val (every seed)": fmt(paired_difference(losses, reference), sign=True),
+                "val loss (learned)": interval_text(mean_interval(list(learned.values()))),
+                "Δ val (learned)": interval_text(paired_difference(learned, reference), sign=True),
+                "Δ val (every seed)": interval_text(paired_difference(losses, reference), sign=True),
             }
         )
         for seed, run in sorted(runs.items()):
@@ -145,8 +139,9 @@ def table(root: Path, export: Path | None) -> int:
             )
     text = (
         f"Pre-norm (LayerNorm) at its pick, {REFERENCE_PICK[0]} / {REFERENCE_PICK[1]}: "
-        f"{fmt(mean_interval(list(reference.values())))} over seeds {SEEDS[0]}-{SEEDS[-1]}. Not learning: within "
-        f"{NOT_LEARNING_NATS} nats of the unigram loss {unigram:.3f}. Δ: paired by seed against pre-norm, mean ± 95% "
+        f"{interval_text(mean_interval(list(reference.values())))} over seeds {SEEDS[0]}-{SEEDS[-1]}. "
+        f"Not learning: within {NOT_LEARNING_NATS} nats of the unigram loss {unigram:.3f}. "
+        "Δ: paired by seed against pre-norm, mean ± 95% "
         "t interval.\n\n" + markdown_table(rows) + "\n\nEach seed (the readout's input: the RMS of the part every "
         "token shares, and of the rest):\n\n" + markdown_table(seed_rows) + "\n"
     )

@@ -121,6 +121,14 @@ class Interval:
         return f"{self.mean:.{digits}f} ± {self.half_width:.{digits}f}"
 
 
+def interval_text(interval: Interval | None, digits: int = 3, sign: bool = False) -> str:
+    """An interval as a table prints it ('-' for none; '+0.132 ± 0.032' with ``sign`` for a difference)."""
+    if interval is None:
+        return "-"
+    text = interval.text(digits)
+    return ("+" + text) if sign and interval.mean >= 0 else text
+
+
 def mean_interval(values: Sequence[float]) -> Interval | None:
     """The mean of ``values`` and its t interval; None for no values."""
     values = [v for v in values if v is not None and math.isfinite(v)]

@@ -28,6 +28,7 @@ from resnorm_lm.analysis.evidence import (
     TableProvenance,
     groups,
     interval_columns,
+    interval_text,
     mean_interval,
     paired_difference,
     t_quantile,
@@ -49,13 +50,6 @@ def status_of(outcome: RunOutcome, unigram: float) -> str:
     if outcome.diverged:
         return "diverged"
     return "not learning" if outcome.not_learning(unigram) else "ok"
-
-
-def _fmt(interval: Interval | None, digits: int = 3, sign: bool = False) -> str:
-    if interval is None:
-        return "-"
-    text = interval.text(digits)
-    return ("+" + text) if sign and interval.mean >= 0 else text
 
 
 def _lr(x: float) -> str:
@@ -239,7 +233,11 @@ class TunedReport:
         }
         diff = paired_difference(ups, picks)
         where = f"{_lr(sel.runner_up.lr)}/{sel.runner_up.warmup:g}"
-        return f"{where}: {_fmt(diff, sign=True)} ({diff.n} seed{'s' if diff.n > 1 else ''})" if diff else f"{where}: -"
+        return (
+            f"{where}: {interval_text(diff, sign=True)} ({diff.n} seed{'s' if diff.n > 1 else ''})"
+            if diff
+            else f"{where}: -"
+        )
 
     def grid_rows(self) -> list[dict[str, Any]]:
         """Every finished run: recipe, setting, seed, its role, validation loss and status."""
@@ -351,12 +349,12 @@ def tuned_markdown(report: TunedReport, rows: list[dict], provenance: TableProve
             "-" if r.get("warmup") is None else f"{r['warmup']:g}",
             str(r.get("seeds", 0)),
             fails,
-            _fmt(r.get("val_loss")),
-            _fmt(r.get("delta_val"), sign=True) if r["recipe"] != suite.reference else "reference",
-            _fmt(r.get("test_loss")),
-            _fmt(r.get("delta_test"), sign=True) if r["recipe"] != suite.reference else "reference",
-            _fmt(r.get("val_bpb")),
-            _fmt(r.get("test_ppl"), 1),
+            interval_text(r.get("val_loss")),
+            interval_text(r.get("delta_val"), sign=True) if r["recipe"] != suite.reference else "reference",
+            interval_text(r.get("test_loss")),
+            interval_text(r.get("delta_test"), sign=True) if r["recipe"] != suite.reference else "reference",
+            interval_text(r.get("val_bpb")),
+            interval_text(r.get("test_ppl"), 1),
             r.get("lr_range", "-"),
             r.get("settings_learned", "-"),
             r.get("runner_up", "-"),
@@ -384,8 +382,9 @@ def fit_table(rows: list[dict[str, Any]]) -> list[str]:
         if r.get("train_loss") is None:
             continue
         lines.append(
-            f"| `{r['recipe']}` | {_fmt(r['train_loss'])} | {_fmt(r['gap'], sign=True)} | "
-            f"{r['val_turned_up'].text()} | {_fmt(r.get('val_rise'), sign=True)} | {r.get('best_steps') or '-'} |"
+            f"| `{r['recipe']}` | {interval_text(r['train_loss'])} | {interval_text(r['gap'], sign=True)} | "
+            f"{r['val_turned_up'].text()} | {interval_text(r.get('val_rise'), sign=True)} | "
+            f"{r.get('best_steps') or '-'} |"
         )
     return lines
 
