@@ -66,3 +66,18 @@ def test_groups_letter_the_rows_the_intervals_do_not_separate():
     assert letters == {"a": "a", "b": "ab", "c": "bc", "d": "c"}
     assert groups(["a", "b"], lambda x, y: False) == {"a": "a", "b": "a"}  # a tie
     assert groups(["a", "b", "c"], lambda x, y: True) == {"a": "a", "b": "b", "c": "c"}
+
+
+def test_groups_give_a_tie_between_rows_that_are_not_neighbours_a_letter():
+    # the DyT suite's case: the middle row is separated from the leader, the last (an interval of +-2.5 nats)
+    # from neither, so it ties with both and carries both letters
+    apart = {frozenset(("lead", "mid"))}
+    letters = groups(["lead", "mid", "wide"], lambda x, y: frozenset((x, y)) in apart)
+    assert letters == {"lead": "a", "mid": "b", "wide": "ab"}
+    # every pair shares a letter exactly when it is not separated, whatever the order
+    names = ["p", "q", "r", "s", "t"]
+    apart = {frozenset(p) for p in (("p", "r"), ("q", "s"), ("p", "t"), ("r", "t"))}
+    letters = groups(names, lambda x, y: frozenset((x, y)) in apart)
+    for i, x in enumerate(names):
+        for y in names[i + 1 :]:
+            assert bool(set(letters[x]) & set(letters[y])) == (frozenset((x, y)) not in apart), (x, y, letters)

@@ -469,6 +469,38 @@ def test_the_table_counts_a_stuck_seed_apart_and_pairs_the_rest_by_seed(tmp_path
     assert len(selection) == 16 and all(r["seed"] == 0 for r in selection)
 
 
+def test_a_tie_is_listed_with_its_paired_interval_and_every_pair_goes_to_pairs_csv(tmp_path, recipes):
+    """b is 0.01 behind a on average but by +0.05 or -0.03 seed by seed: not separated, so both rows take the
+    letter a, the markdown lists the pair under "Ties" with its interval, and pairs.csv holds it."""
+    from resnorm_lm.analysis.suite_report import write_tuned
+
+    suite = load(str(suite_file(tmp_path)))
+    design = TunedBudget(suite)
+    noise = {1: 0.05, 2: -0.03, 3: 0.05, 4: -0.03, 5: 0.01}  # b's seed-by-seed difference from a (mean 0.01)
+    outcomes = {}
+    for recipe in ("a-12l", "b-12l"):
+        for spec in outcomes_for(design, recipe, bowl(0.002)):
+            extra = noise.get(spec.seed, 0) if recipe == "b-12l" else 0
+            outcomes[spec] = fake_run(tmp_path / "runs", spec, bowl(0.002)(spec.setting, spec.seed) + extra)
+    report = TunedReport(suite, design, outcomes, str(tmp_path / "runs"), UNIGRAM)
+    rows = report.rows()
+    assert [(r["recipe"], r["group"]) for r in rows] == [("a-12l", "a"), ("b-12l", "a")]
+    (pair,) = report.pair_rows(["a-12l", "b-12l"])
+    assert (pair["better"], pair["worse"], pair["separated"]) == ("a-12l", "b-12l", False)
+    assert pair["delta_val"].mean == pytest.approx(0.01) and pair["delta_val"].n == 5
+    written = write_tuned(report, rows, table_provenance([]), False, tmp_path / "out")
+    markdown = (tmp_path / "out" / "suite.md").read_text()
+    tie = f"| `a-12l` | `b-12l` | +0.010 ± {pair['delta_val'].half_width:.3f} | 5 |"
+    assert "Ties (what the letters rest on)" in markdown and tie in markdown
+    (saved,) = list(csv.DictReader(open(tmp_path / "out" / "pairs.csv")))
+    assert tmp_path / "out" / "pairs.csv" in written
+    assert (
+        saved["better"] == "a-12l"
+        and saved["separated"] == "False"
+        and float(saved["delta_val_mean"]) == (pytest.approx(0.01))
+    )
+
+
 def test_the_table_says_how_many_settings_learned_at_the_selection_seed(tmp_path, recipes):
     """a's grid: 8e-3 diverges at both warmups and 4e-3 at warmup 0.1 stays near the unigram loss, so 5 of its 8
     settings learned; b's grid has not begun."""

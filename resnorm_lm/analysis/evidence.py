@@ -171,22 +171,33 @@ class Proportion:
 
 
 def groups(names: Sequence[str], separated: Callable[[str, str], bool]) -> dict[str, str]:
-    """Letters for rows ranked best first: rows that share a letter are not separated by their intervals.
+    """Letters for rows ranked best first: two rows share a letter exactly when their intervals do not separate them.
 
-    A letter covers a longest stretch of consecutive rows no two of which ``separated`` says apart; a stretch
-    inside another gets none. A row gets the letters of every stretch it lies in (the display of Piepho 2004 for
-    ranked means): 'a' for the leaders and those tied with them, 'ab' for a row tied with both groups."""
-    stretches: list[tuple[int, int]] = []
-    for start in range(len(names)):
-        end = start
-        while end + 1 < len(names) and not any(separated(names[i], names[end + 1]) for i in range(start, end + 1)):
-            end += 1
-        if not any(s <= start and end <= e for s, e in stretches):
-            stretches.append((start, end))
+    Each letter is a largest set of rows no two of which ``separated`` says apart (a maximal clique of the
+    "not separated" graph), lettered in the order of their best rows; a row gets the letter of every set it is in
+    (the compact letter display of Piepho 2004): 'a' for the leaders and those tied with them, 'ab' for a row tied
+    with both groups. A row need not sit next to the rows it ties with: a row with a wide interval (two seeds that
+    learned of five) can tie with the leader while a row ranked between them is separated from it, and then it
+    carries the leader's letter too."""
+    n = len(names)
+    tied = [{j for j in range(n) if j != i and not separated(names[i], names[j])} for i in range(n)]
+    cliques: list[tuple[int, ...]] = []
+
+    def extend(clique: set[int], candidates: set[int], excluded: set[int]) -> None:  # Bron-Kerbosch with a pivot
+        if not candidates and not excluded:
+            cliques.append(tuple(sorted(clique)))
+            return
+        pivot = max(candidates | excluded, key=lambda u: len(tied[u] & candidates))
+        for v in sorted(candidates - tied[pivot]):
+            extend(clique | {v}, candidates & tied[v], excluded & tied[v])
+            candidates = candidates - {v}
+            excluded = excluded | {v}
+
+    extend(set(), set(range(n)), set())
     letters = {name: "" for name in names}
-    for index, (start, end) in enumerate(stretches):
-        for name in names[start : end + 1]:
-            letters[name] += _letter(index)
+    for index, clique in enumerate(sorted(cliques)):
+        for i in clique:
+            letters[names[i]] += _letter(index)
     return letters
 
 

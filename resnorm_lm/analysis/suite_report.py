@@ -183,11 +183,23 @@ class TunedReport:
             rows, key=lambda r: (r.get("val_loss") is None, r["val_loss"].mean if r.get("val_loss") else math.inf)
         )
         names = [r["recipe"] for r in ranked if r.get("val_loss")]
-        losses = {r: self.learned(r) for r in names}
-        letters = groups(names, lambda a, b: bool((d := paired_difference(losses[a], losses[b])) and d.excludes_zero()))
+        separated = {(p["better"], p["worse"]) for p in self.pair_rows(names) if p["separated"]}
+        letters = groups(names, lambda a, b: (a, b) in separated or (b, a) in separated)
         for row in ranked:
             row["group"] = letters.get(row["recipe"], "")
         return ranked
+
+    def pair_rows(self, ranked: list[str]) -> list[dict[str, Any]]:
+        """Every pair of ranked rows (best first) with its paired difference on validation, the lower-ranked minus
+        the higher over the seeds where both learned: what the group letters rest on (pairs.csv)."""
+        losses = {r: self.learned(r) for r in ranked}
+        out = []
+        for i, better in enumerate(ranked):
+            for worse in ranked[i + 1 :]:
+                d = paired_difference(losses[worse], losses[better])
+                difference = {"delta_val": d} if d else {}  # none under two shared seeds
+                out.append(dict(better=better, worse=worse, **difference, separated=bool(d and d.excludes_zero())))
+        return out
 
     def settings_learned(self, recipe: str) -> str:
         """'9/13': of the settings run at the selection seed (the grid so far and its extensions, one run each), how
@@ -364,7 +376,27 @@ def tuned_markdown(report: TunedReport, rows: list[dict], provenance: TableProve
         if mixed:
             cells.append(provenance.row_mark(r["recipe"]))
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines + fit_table(rows)) + "\n"
+    return "\n".join(lines + ties_table(report, rows) + fit_table(rows)) + "\n"
+
+
+def ties_table(report: TunedReport, rows: list[dict[str, Any]]) -> list[str]:
+    """The pairs that share a letter because their paired interval includes zero, rows apart in the ranking
+    included (every pair, separated or not: pairs.csv)."""
+    ties = [p for p in report.pair_rows([r["recipe"] for r in rows if r.get("val_loss")]) if not p["separated"]]
+    if not ties:
+        return []
+    lines = [
+        "",
+        "Ties (what the letters rest on): the pairs of rows whose paired interval on validation includes zero, "
+        "the lower-ranked row minus the higher over the seeds where both learned; every pair: pairs.csv.",
+        "",
+        "| higher | lower | Δ val | seeds |",
+        "|---|---|---|---|",
+    ]
+    for p in ties:
+        d = p.get("delta_val")
+        lines.append(f"| `{p['better']}` | `{p['worse']}` | {interval_text(d, sign=True)} | {d.n if d else 0} |")
+    return lines
 
 
 def fit_table(rows: list[dict[str, Any]]) -> list[str]:
@@ -540,9 +572,12 @@ def write_tables(out_dir: Path, name: str, markdown: str, tables: dict[str, list
 
 
 def write_tuned(report: TunedReport, rows: list[dict], provenance: TableProvenance, partial: bool, out_dir: Path):
-    """A tuned suite's files: ``<name>.md``, table.csv (its rows), runs.csv (every run) and both figures."""
+    """A tuned suite's files: ``<name>.md``, table.csv (its rows), runs.csv (every run), pairs.csv (every pair of
+    rows' paired difference) and both figures."""
     markdown = tuned_markdown(report, rows, provenance, partial)
-    written = write_tables(out_dir, report.suite.name, markdown, {"table": rows, "runs": report.grid_rows()})
+    pairs = report.pair_rows([r["recipe"] for r in rows if r.get("val_loss")])
+    tables = {"table": rows, "runs": report.grid_rows(), "pairs": pairs}
+    written = write_tables(out_dir, report.suite.name, markdown, tables)
     figures = (plot_lr_panels(report, rows, out_dir), plot_paired_differences(report, rows, out_dir))
     return written + [p for p in figures if p]
 
