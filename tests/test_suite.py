@@ -584,6 +584,55 @@ def test_the_fit_table_gives_the_gap_and_the_seeds_whose_validation_turned_up(tm
     assert "| `b-12l` |" in table and "| 2/5 (" in table and "| +0.030 ± 0.000 | 250, 250 |" in table
 
 
+def write_gain(run_dir: Path, gains: list[tuple[int, float, float]]) -> None:
+    """A metrics.csv as an HC run logs its stream-mix gain: a (step, forward, backward) row each log."""
+    lines = ["step,hc/gain_backward,hc/gain_forward,train/loss"] + [f"{s},{b},{f},5.0" for s, f, b in gains]
+    (run_dir / "metrics.csv").write_text("\n".join(lines) + "\n")
+
+
+def test_the_gain_table_gives_each_hc_recipes_final_and_peak_gain_and_its_gain_by_lr(tmp_path, recipes):
+    """b logs the gain (its pick's seed k peaks at 10k at step 4 and ends at k^2, so no median is a mean; at the
+    selection seed the final gain is 1000 x the LR): its row gives the median and range over the five fresh seeds,
+    its by-LR column the selection seed's final gain at the pick's warmup; a logs none and has no row; gain.csv
+    and the figure are written. A suite where no run logs it renders no gain table."""
+    from resnorm_lm.analysis.stream_gain import gain_rows
+    from resnorm_lm.analysis.suite_report import write_tuned
+
+    suite = load(str(suite_file(tmp_path)))
+    design = TunedBudget(suite)
+    outcomes = {}
+    for recipe in ("a-12l", "b-12l"):
+        for spec in outcomes_for(design, recipe, bowl(0.002)):
+            outcomes[spec] = fake_run(tmp_path / "runs", spec, bowl(0.002)(spec.setting, spec.seed))
+    report = TunedReport(suite, design, outcomes, str(tmp_path / "runs"), UNIGRAM)
+    assert gain_rows(report) == [] and "Stream-mix gain" not in tuned_markdown(
+        report, report.rows(), table_provenance([]), False
+    )
+    pick = report.selections["b-12l"].pick
+    for spec in outcomes:
+        if spec.recipe != "b-12l":
+            continue
+        k = spec.seed
+        gains = (
+            [(0, 1.0, 1.0), (4, 10.0 * k, 11.0 * k), (6, float(k * k), 2.0 * k)] if spec.setting == pick and k else []
+        )
+        if k == design.selection_seed:
+            gains = [(0, 1.0, 1.0), (6, 1000 * spec.setting.lr, 1.0)]
+        write_gain(spec.run_dir(str(tmp_path / "runs"), "smoke"), gains)
+    (row,) = gain_rows(report)
+    assert row["recipe"] == "b-12l" and row["seeds"] == 5 and row["warmup"] == pick.warmup
+    assert row["final_forward"] == "9 (1..25)" and row["final_backward"] == "6 (2..10)"
+    assert row["peak_forward"] == "30 (10..50)"
+    assert row["by_lr"] == "0.001: 1, 0.002: 2, 0.004: 4, 0.008: 8"
+    written = write_tuned(report, report.rows(), table_provenance([]), False, tmp_path / "out")
+    markdown = (tmp_path / "out" / "suite.md").read_text()
+    assert "| `b-12l` | 5 | 9 (1..25) | 6 (2..10) | 30 (10..50) | 0.3 | 0.001: 1, 0.002: 2," in markdown
+    assert "| `a-12l` | 5 | " not in markdown.split("Stream-mix gain")[1]
+    assert tmp_path / "out" / "gain.csv" in written and (tmp_path / "out" / "stream_gain.png").stat().st_size > 0
+    (saved,) = list(csv.DictReader(open(tmp_path / "out" / "gain.csv")))
+    assert saved["recipe"] == "b-12l" and saved["final_forward"] == "9 (1..25)"
+
+
 def test_runs_of_different_arithmetic_are_refused_in_one_table_unless_marked(tmp_path):
     specs = [RunSpec("a-12l", Setting(1e-3, 0.1), k) for k in (1, 2)] + [RunSpec("b-12l", Setting(1e-3, 0.1), 1)]
     dirs = []

@@ -11,7 +11,8 @@ seeds: for each recipe, the spread of the final validation loss when seed k vari
 only the init, or only the data order; and how much pairing by seed narrows a difference's interval.
 
 The figures: each recipe's LR sensitivity in a panel of its own with the pick's interval, the paired differences
-from the reference as a forest plot, and the seed pilot's spread by what varies.
+from the reference as a forest plot, the stream-mix gain of HC and mHC over training (``stream_gain.py``), and the
+seed pilot's spread by what varies.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from resnorm_lm.analysis.evidence import (
     t_quantile,
 )
 from resnorm_lm.analysis.plots import forest_plot, panels, save_figure
+from resnorm_lm.analysis.stream_gain import gain_rows, gain_table, plot_gain
 from resnorm_lm.analysis.sweep import NOT_LEARNING_NATS, RunOutcome, RunSpec, Setting
 from resnorm_lm.data.cache import atomic_write, write_csv_atomic
 from resnorm_lm.train.diagnostics import TRAIN_LOSS, VAL_LOSS
@@ -376,7 +378,8 @@ def tuned_markdown(report: TunedReport, rows: list[dict], provenance: TableProve
         if mixed:
             cells.append(provenance.row_mark(r["recipe"]))
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines + ties_table(report, rows) + fit_table(rows)) + "\n"
+    tables = ties_table(report, rows) + fit_table(rows) + gain_table(gain_rows(report))
+    return "\n".join(lines + tables) + "\n"
 
 
 def ties_table(report: TunedReport, rows: list[dict[str, Any]]) -> list[str]:
@@ -573,12 +576,18 @@ def write_tables(out_dir: Path, name: str, markdown: str, tables: dict[str, list
 
 def write_tuned(report: TunedReport, rows: list[dict], provenance: TableProvenance, partial: bool, out_dir: Path):
     """A tuned suite's files: ``<name>.md``, table.csv (its rows), runs.csv (every run), pairs.csv (every pair of
-    rows' paired difference) and both figures."""
+    rows' paired difference), gain.csv where runs log the stream-mix gain, and the figures."""
     markdown = tuned_markdown(report, rows, provenance, partial)
     pairs = report.pair_rows([r["recipe"] for r in rows if r.get("val_loss")])
     tables = {"table": rows, "runs": report.grid_rows(), "pairs": pairs}
+    if gains := gain_rows(report):
+        tables["gain"] = gains
     written = write_tables(out_dir, report.suite.name, markdown, tables)
-    figures = (plot_lr_panels(report, rows, out_dir), plot_paired_differences(report, rows, out_dir))
+    figures = (
+        plot_lr_panels(report, rows, out_dir),
+        plot_paired_differences(report, rows, out_dir),
+        plot_gain(report, out_dir),
+    )
     return written + [p for p in figures if p]
 
 
