@@ -41,6 +41,12 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(values):.3g} ({min(values):.3g}..{max(values):.3g})"
 
 
+def gain_warmup(report: TunedReport, recipe: str) -> float:
+    """The warmup whose LRs the by-LR column and the figure show: the pick's, or the first while none is made."""
+    pick = report.selections[recipe].pick
+    return pick.warmup if pick else report.design.warmups[0]
+
+
 def gain_rows(report: TunedReport) -> list[dict[str, Any]]:
     """One row per recipe that logs the gain: at its pick's fresh seeds, the final forward and backward gains and
     the peak forward gain (each a list over seeds, and its ``spread``); and ``by_lr``, the selection seed's final
@@ -51,7 +57,7 @@ def gain_rows(report: TunedReport) -> list[dict[str, Any]]:
         seeds = report.fresh(recipe, sel.pick, report.design.seeds)
         traces = {k: gain_trace(report.run_dir(o.spec)) for k, o in seeds.items()}
         traces = {k: t for k, t in traces.items() if t}
-        warmup = sel.pick.warmup if sel.pick else report.design.warmups[0]
+        warmup = gain_warmup(report, recipe)
         by_lr = {
             spec.setting.lr: trace[-1][1]
             for spec in report.outcomes
@@ -110,7 +116,7 @@ def plot_gain(report: TunedReport, out_dir: Path) -> Path | None:
     colors = dict(zip(lrs, plt.cm.viridis([i / max(len(lrs) - 1, 1) for i in range(len(lrs))])))
     for ax, recipe in zip(axes, recipes):
         sel = report.selections[recipe]
-        warmup = sel.pick.warmup if sel.pick else report.design.warmups[0]
+        warmup = gain_warmup(report, recipe)
         ax.set_title(recipe, fontsize=9)
         ax.set_yscale("log")
         selection = sorted(
