@@ -828,28 +828,66 @@ CARRIED = (".whl", ".devcache", ".devseed")  # what prepare makes, carried to th
 TRAVEL_LIMIT_MIB = 64  # what the device tool carries in one call: the working tree and the carried folders
 
 
+TAR_BLOCK = 512  # the device tool counts what travels as a tar packs it: a header, then whole blocks of content
+PARKABLE = "docs/results"  # no device stage reads these (prepare packs the runs they need into .devseed/)
+
+
+def packed_size(size: int) -> int:
+    """A file's bytes in a tar: a 512-byte header and its content rounded up to whole 512-byte blocks."""
+    return TAR_BLOCK + -(-size // TAR_BLOCK) * TAR_BLOCK
+
+
+def parking(folder_sizes: dict[str, int], over: int) -> list[str]:
+    """The fewest folders, largest first, whose packed size covers ``over`` bytes ([] when nothing is over);
+    all of them when they do not cover it."""
+    chosen, freed = [], 0
+    for folder, size in sorted(folder_sizes.items(), key=lambda item: (-item[1], item[0])):
+        if freed >= over:
+            break
+        chosen.append(folder)
+        freed += size
+    return chosen
+
+
+def park_commands(folders: list[str]) -> str:
+    """Leave committed folders out of the working tree for the device calls, and bring them back after: a
+    sparse checkout, so nothing is moved by hand and nothing committed can be lost."""
+    keep = " ".join(f"'!/{folder}/'" for folder in folders)
+    return f"git sparse-checkout set --no-cone '/*' {keep}   (after the device calls: git sparse-checkout disable)"
+
+
 def travel_size(where: Path) -> str:
-    """What a device call would carry, against its limit: the files git tracks or does not ignore in the root,
-    and the three carried folders; with what to leave behind when it is over."""
+    """What a device call would carry, against its limit, counted as a tar packs it: the files git tracks or
+    does not ignore in the root (those a sparse checkout leaves out do not travel), and the three carried
+    folders; with what to leave behind when it is over."""
     listed = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
         cwd=ROOT,
         capture_output=True,
         text=True,
     )
-    files = [ROOT / f for f in listed.stdout.split("\0") if f] if listed.returncode == 0 else []
-    tree = sum(f.stat().st_size for f in files if f.is_file())
-    carried = sum(p.stat().st_size for d in CARRIED for p in (where / d).rglob("*") if p.is_file())
-    total = (tree + carried) / 2**20
+    names = [f for f in listed.stdout.split("\0") if f] if listed.returncode == 0 else []
+    sizes = {name: packed_size((ROOT / name).stat().st_size) for name in names if (ROOT / name).is_file()}
+    tree = sum(sizes.values())
+    carried = sum(packed_size(p.stat().st_size) for d in CARRIED for p in (where / d).rglob("*") if p.is_file())
+    total = tree + carried
     line = (
-        f"travel: {total:.1f} of {TRAVEL_LIMIT_MIB} MiB (the working tree {tree / 2**20:.1f}, "
-        f"{', '.join(CARRIED)} {carried / 2**20:.1f})"
+        f"travel: {total / 2**20:.1f} of {TRAVEL_LIMIT_MIB} MiB as a tar packs it (the working tree "
+        f"{tree / 2**20:.1f} in {len(sizes)} files, {', '.join(CARRIED)} {carried / 2**20:.1f})"
     )
-    if total > TRAVEL_LIMIT_MIB:
+    over = total - TRAVEL_LIMIT_MIB * 2**20
+    if over > 0:
+        folders: dict[str, int] = {}
+        for name, size in sizes.items():
+            parts = name.split("/")
+            if name.startswith(PARKABLE + "/") and len(parts) > 3 and parts[2] != Path(GPU_SUITE_RESULTS).name:
+                folder = "/".join(parts[:3])
+                folders[folder] = folders.get(folder, 0) + size
         line += (
-            ": OVER the limit; the device tool would refuse the call. Leave .devseed/docs-run-files.tar.gz "
-            "behind unless the command is a depth round (the suite stage reads only .devseed/suite-*), or "
-            "move older run files out of the working tree"
+            f": OVER the limit by {over / 2**20:.1f} MiB; the device tool would refuse the call. Leave "
+            ".devseed/docs-run-files.tar.gz behind unless the command is a depth round (the suite stage reads "
+            "only .devseed/suite-*), or leave committed results out of the tree: "
+            + park_commands(parking(folders, over))
         )
     return line
 

@@ -489,7 +489,9 @@ def test_dry_run_of_prepare_carries_the_committed_fp32_runs(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "wheels and data: skipped in the dry run" in done.stdout
-    assert re.search(r"travel: \d+\.\d of 64 MiB \(the working tree \d+\.\d", done.stdout), done.stdout[-2000:]
+    assert re.search(
+        r"travel: \d+\.\d of 64 MiB as a tar packs it \(the working tree \d+\.\d in \d+ files", done.stdout
+    ), done.stdout[-2000:]
     names = members(tmp_path / ".devseed" / "docs-run-files.tar.gz")
     committed = run_files.seed_runs(sorted(REPO.glob("docs/results/*/run-files*")), "cpu", "32-true")[0]
     assert {"/".join(n.split("/")[:2]) for n in names} == set(committed) and committed
@@ -537,3 +539,16 @@ def compare_problems(argv: list[str]) -> list[str]:
             main(["compare"])
     known = caught[0]._option_string_actions
     return [a for a in argv if a.startswith("--") and a.split("=")[0] not in known]
+
+
+def test_travel_is_counted_as_a_tar_packs_it_and_parking_frees_the_excess_largest_first():
+    # a header block, then the content in whole 512-byte blocks: what the device tool counted when it refused
+    assert [gpu_session.packed_size(n) for n in (0, 1, 512, 513)] == [512, 1024, 1024, 1536]
+    folders = {"docs/results/a": 5 * 2**20, "docs/results/b": 12 * 2**20, "docs/results/c": 3 * 2**20}
+    assert gpu_session.parking(folders, 0) == []
+    assert gpu_session.parking(folders, 2**20) == ["docs/results/b"]
+    assert gpu_session.parking(folders, 13 * 2**20) == ["docs/results/b", "docs/results/a"]
+    assert gpu_session.parking(folders, 30 * 2**20) == ["docs/results/b", "docs/results/a", "docs/results/c"]
+    commands = gpu_session.park_commands(["docs/results/b"])
+    assert "git sparse-checkout set --no-cone '/*' '!/docs/results/b/'" in commands
+    assert "git sparse-checkout disable" in commands
