@@ -33,3 +33,36 @@ def test_a_run_directory_reads_as_missing_then_unfinished_then_finished(tmp_path
     assert run.manifest() == {"precision": "bf16-mixed"}
     run.metrics_path.write_text("step,train/loss,val/loss\n0,6.5,\n3,,6.1\n")
     assert run.metrics() == [{"step": 0.0, "train/loss": 6.5}, {"step": 3.0, "val/loss": 6.1}]  # empty cells dropped
+
+
+def test_the_code_revision_is_dirty_only_when_what_training_reads_changed(tmp_path, monkeypatch):
+    import subprocess
+
+    from resnorm_lm.train import runs
+
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tmp_path)]
+    (tmp_path / "resnorm_lm").mkdir()
+    (tmp_path / "resnorm_lm" / "model.py").write_text("width = 128\n")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "results.md").write_text("5.032\n")
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "c"], check=True)
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    monkeypatch.setattr(runs, "source_checkout", lambda: tmp_path)
+    assert runs.code_revision() == commit
+    (tmp_path / "docs" / "results.md").unlink()  # results left out of the tree (a device call's travel limit)
+    assert runs.code_revision() == commit
+    (tmp_path / "resnorm_lm" / "model.py").write_text("width = 256\n")
+    assert runs.code_revision() == commit + "+dirty"
+
+
+def test_a_tables_provenance_keeps_the_dirty_mark_of_a_runs_code(tmp_path):
+    from resnorm_lm.analysis.evidence import Provenance
+
+    run = RunDir(tmp_path / "prenorm-12l" / "cpu-seed1")
+    run.path.mkdir(parents=True)
+    commit = "3730264175" * 4
+    for code, printed in ((commit, commit[:12]), (commit + "+dirty", commit[:12] + "+dirty")):
+        (run.path / "manifest.json").write_text(json.dumps({"code_revision": code}))
+        assert Provenance.of(run.path).short_code == printed

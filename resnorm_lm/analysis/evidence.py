@@ -263,6 +263,12 @@ class Provenance:
         )
 
     @property
+    def short_code(self) -> str:
+        """The code revision as a table prints it: the commit's first 12 characters, keeping '+dirty' (a run
+        trained from uncommitted changes to the code says so)."""
+        return self.code[:12] + ("+dirty" if self.code.endswith("+dirty") else "")
+
+    @property
     def kernels(self) -> str:
         """The kernels' arithmetic in words: a GPU's (TF32 on or off), or the CPU's capped or native kernels."""
         if self.device not in (None, "cpu"):
@@ -303,7 +309,7 @@ class TableProvenance:
         for recipe, dirs in self.runs.items():
             models = {self.of[d].model for d in dirs if self.of[d].model}
             if len(models) > 1:
-                codes = sorted({self.of[d].code[:12] for d in dirs})
+                codes = sorted({self.of[d].short_code for d in dirs})
                 out.append(
                     f"{recipe}'s runs have {len(models)} model fingerprints: the code changed its numbers "
                     f"between them (code revisions {', '.join(codes)})"
@@ -339,7 +345,7 @@ class TableProvenance:
                 "machines": self._machines(arithmetic),
                 "precision": ", ".join(sorted({p.precision for p in members})),
                 "torch": ", ".join(sorted({p.torch for p in members})),
-                "code": ", ".join(sorted({p.code[:12] for p in members})),
+                "code": ", ".join(sorted({p.short_code for p in members})),
             }
             kernels = ", ".join(sorted({p.kernels for p in members}))
             mark = f"{label}: " if len(self.labels) > 1 else ""

@@ -222,8 +222,12 @@ def after_a_failed_checkpoint(path: Path) -> str:
     )
 
 
+TRAINING_SOURCES = ("resnorm_lm", "recipes", "pyproject.toml")  # what a run's numbers can depend on in the checkout
+
+
 def code_revision() -> str:
-    """The git commit of the code, with '+dirty' when the tree has uncommitted changes; an installed wheel's
+    """The git commit of the code, with '+dirty' when what training reads (``TRAINING_SOURCES``) has uncommitted
+    changes (results or docs changed or left out beside it do not make the code dirty); an installed wheel's
     version (never the git state of whatever repository its environment sits in)."""
     checkout = source_checkout()
     if checkout is None:
@@ -234,7 +238,7 @@ def code_revision() -> str:
     try:
         rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True, text=True, check=True)
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", *TRAINING_SOURCES],
             cwd=checkout,
             capture_output=True,
             text=True,
