@@ -5,6 +5,7 @@
 
     python benchmarks/compare_hardware.py docs/results/suites/placements-12l/run-files \
         docs/results/suites-h100/placements-12l/run-files               # a suite's runs on the EPYC and the H100
+    ... --plot docs/results/suites-h100/placements-12l/epyc_vs_h100.png --names EPYC H100   # the pairs drawn
 
 Run directories match by their path under each root (``<recipe>/<profile>-lr..-seed..``). Prints
 every pair, then the median and largest absolute difference over the pairs where both runs learn
@@ -61,10 +62,12 @@ def main() -> int:
     parser.add_argument("second")
     parser.add_argument("--profile", default="cpu")
     parser.add_argument("--unigram", type=float, default=6.401, help="the unigram reference (compare prints it)")
+    parser.add_argument("--plot", type=Path, default=None, help="also draw every pair into this PNG")
+    parser.add_argument("--names", nargs=2, default=None, help="the two machines' names (default: from the paths)")
     args = parser.parse_args()
     first, second = Path(args.first), Path(args.second)
-    learning = []
-    names = labels(first, second)
+    learning, pairs = [], []
+    names = tuple(args.names) if args.names else labels(first, second)
     print(f"{'run':48} {names[0]:>12} {names[1]:>12} {'diff':>8}")
     for path in sorted(first.glob(f"*/{args.profile}-*/eval.json")):
         rel = path.parent.relative_to(first)
@@ -72,6 +75,8 @@ def main() -> int:
             continue
         a, b = pair(first / rel, second / rel)
         diff = None if a is None or b is None else b - a
+        if a is not None or b is not None:
+            pairs.append({"recipe": rel.parts[0], "first": a, "second": b})
         print(
             f"{str(rel):48} {'-' if a is None else f'{a:.3f}':>12} {'-' if b is None else f'{b:.3f}':>12} "
             f"{'-' if diff is None else f'{diff:+.3f}':>8}"
@@ -85,6 +90,10 @@ def main() -> int:
         f"\n{len(learning)} pairs where both learn: |diff| median {statistics.median(learning):.4f}, "
         f"largest {max(learning):.4f} nats"
     )
+    if args.plot is not None:
+        from resnorm_lm.analysis.plots import plot_machine_pairs
+
+        print(f"wrote {plot_machine_pairs(pairs, names, args.unigram, args.plot)}")
     return 0
 
 

@@ -497,3 +497,23 @@ def test_compare_hardware_pairs_a_suites_runs_by_their_own_validation_and_one_so
     assert proc.stdout.split()[:3] == ["run", "suites", "suites-h100"]  # the roots told apart by where they differ
     assert "-0.040" in proc.stdout and "+0.060" not in proc.stdout
     assert "2 pairs where both learn: |diff| median 0.0250, largest 0.0400 nats" in proc.stdout
+
+
+@pytest.mark.training
+def test_compare_hardware_names_the_machines_and_draws_every_pair(tmp_path):
+    from PIL import Image
+
+    for root, losses in (("a", (5.03, 5.10, None)), ("b", (5.02, 6.40, 5.2))):  # the third diverged on a only
+        for lr, loss in zip(("0.004", "0.008", "0.016"), losses):
+            d = tmp_path / root / "prenorm-12l" / f"cpu-lr{lr}-wf0.25-seed1"
+            d.mkdir(parents=True)
+            (d / "eval.json").write_text(json.dumps({"diverged": loss is None, "val_loss": loss}))
+    figure = tmp_path / "pairs.png"
+    argv = [str(tmp_path / "a"), str(tmp_path / "b"), "--names", "EPYC", "H100", "--plot", str(figure)]
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/compare_hardware.py", *argv], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[:3] == ["run", "EPYC", "H100"]
+    assert "1 pairs where both learn" in proc.stdout  # 6.40 is within the not-learning margin of 6.401
+    assert f"wrote {figure}" in proc.stdout and Image.open(figure).size[0] > 400

@@ -89,6 +89,41 @@ def recipe_colors(recipes) -> dict[str, tuple]:
     return {r: palette(i % palette.N) for i, r in enumerate(names)}
 
 
+def plot_machine_pairs(pairs: list[dict], names: tuple[str, str], unigram: float, path: Path) -> Path:
+    """The same runs on two machines: each run's validation loss on the first (x) against the second (y), a point
+    per run coloured by its ``recipe``, the diagonal where they agree, and the unigram loss on both axes (a run
+    near it did not learn). ``pairs``: dicts of recipe, first, second (None: diverged there, drawn at the top or
+    right edge as an x)."""
+    colors = recipe_colors([p["recipe"] for p in pairs])
+    finite = [v for p in pairs for v in (p["first"], p["second"]) if v is not None]
+    low, high = min(finite + [unigram]) - 0.05, max(finite + [unigram]) + 0.1
+    fig, ax = plt.subplots(figsize=(7.4, 5.2))
+    ax.plot([low, high], [low, high], color="black", lw=0.8, label="the same on both")
+    ax.axvline(unigram, color="grey", ls=":", lw=0.8, label=f"unigram loss {unigram:.3f}")
+    ax.axhline(unigram, color="grey", ls=":", lw=0.8)
+    for recipe in sorted(colors):
+        mine = [p for p in pairs if p["recipe"] == recipe]
+        both = [p for p in mine if p["first"] is not None and p["second"] is not None]
+        ax.plot(
+            [p["first"] for p in both], [p["second"] for p in both], "o", ms=3.5, color=colors[recipe], label=recipe
+        )
+        edge = [
+            (p["first"] if p["first"] is not None else high, p["second"] if p["second"] is not None else high)
+            for p in mine
+            if p["first"] is None or p["second"] is None
+        ]
+        if edge:
+            ax.plot(*zip(*edge), "x", ms=5, color=colors[recipe])
+    ax.set_xlim(low, high + 0.05)
+    ax.set_ylim(low, high + 0.05)
+    ax.set_xlabel(f"validation loss, {names[0]}")
+    ax.set_ylabel(f"validation loss, {names[1]}")
+    ax.set_title("the same runs on two machines (x at an edge: diverged there)", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))  # beside: runs that learn on one machine
+    # only sit in the corners
+    return save_figure(fig, [ax], [], path)
+
+
 def plot_loss_curves(runs: dict[str, list[Path]], out_dir: Path) -> Path:
     """Training loss (thin) and validation loss (points) against steps and against training wall time."""
     fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(12, 4.5), dpi=90)
