@@ -105,6 +105,7 @@ DEPTH_RESERVE_S = 150  # of a depth round: rendering the tables, the layer contr
 SUITE_TRAIN_ARGS = ["--trainer.accelerator=gpu", "--trainer.enable_progress_bar=false"]  # the machine's, not the
 # protocol's (suite refuses those): precision, horizon and the rest are the suite file's
 GPU_SUITE_RESULTS = "docs/results/suites-h100"  # the H100's suite tables; prepare carries their runs
+SUITE_MIN_S = 60  # a later suite of one suite command starts only with this much time left
 SUITE_RESERVE_S = 60  # of a suite chunk: the stopped runs saving (4 s on the H100), the table (16 s), packing;
 # the picks' test split is evaluated while the chunk trains (suite_runner.test_while_there), not here
 # the dry run's suite: two smoke runs of 4 steps, one seed each (a tuned budget needs at least 3 LRs a recipe)
@@ -595,7 +596,21 @@ def compare_arguments(s: Session) -> list[str]:
 
 
 def stage_suite(s: Session, d: Path, budget: Budget) -> list[tuple[str, Path]]:
-    suite, jobs = suite_arguments(s)
+    """The suites named after --, in their order: each trains with the time the earlier ones left, so that a
+    suite that completes early hands the rest of the command to the next (none starts with under a minute)."""
+    suites, jobs = suite_arguments(s)
+    files = []
+    for k, suite in enumerate(suites):
+        if k and budget.left() < SUITE_MIN_S:
+            s.say(f"=== suite: under {SUITE_MIN_S} s left: {', '.join(map(str, suites[k:]))} wait for the next command")
+            break
+        files += suite_chunk(s, d, budget, suite, jobs)
+    return [*files, ("log.txt", d / "log.txt")]
+
+
+def suite_chunk(s: Session, d: Path, budget: Budget, suite: str | None, jobs: int) -> list[tuple[str, Path]]:
+    """One suite's next chunk: its earlier runs unpacked, trained until done or out of time, its table rendered,
+    its finished runs packed; the files that come back."""
     if suite is None:  # the dry run's own tiny suite
         suite = str(s.scratch / "dry-suite.yaml")
         Path(suite).write_text(DRY_SUITE)
@@ -614,37 +629,39 @@ def stage_suite(s: Session, d: Path, budget: Budget) -> list[tuple[str, Path]]:
     argv += ["--jobs", str(jobs), "--train-args", " ".join(machine)]
     fp32 = {TF32_ENV: "off"}  # full fp32 matmuls (the portable arithmetic's setting too): one GPU arithmetic a table
     reserve = min(SUITE_RESERVE_S, 0.4 * budget.left())
-    trained = s.step("suite", "train", argv, budget.left() - reserve, env=fp32, grace_s=60)
+    trained = s.step("suite", f"train-{name}", argv, budget.left() - reserve, env=fp32, grace_s=60)
     if trained.status != "ok" and run_files.finished_runs(root):  # stopped: the table of what finished
-        s.step("suite", "render", [*argv, "--no-train"], budget.left() - 15, env=fp32, grace_s=10)
+        s.step("suite", f"render-{name}", [*argv, "--no-train"], budget.left() - 15, env=fp32, grace_s=10)
     parts = pack_finished_runs(s, "suite", root, d, f"suite-{name}-runs")
     results = d / "results" / name
     return [
         *[(p.name, p) for p in parts],
         (f"{name}.md", results / f"{name}.md"),
-        ("table.csv", results / "table.csv"),
-        ("log.txt", d / "log.txt"),
+        (f"{name}-table.csv", results / "table.csv"),
     ]
 
 
-def suite_arguments(s: Session) -> tuple[str | None, int]:
-    """The suite stage's arguments (after --): the suite, by name or file, and --jobs (default 12 on the GPU);
-    None for the suite in the dry run without one (its tiny suite). A mistake stops the session before any stage."""
+def suite_arguments(s: Session) -> tuple[list[str | None], int]:
+    """The suite stage's arguments (after --): one or more suites, by name or file, and --jobs (default 12 on the
+    GPU); [None] for the dry run without one (its tiny suite). A mistake stops the session before any stage."""
     parser = argparse.ArgumentParser(prog="gpu_session.sh suite --", add_help=False)
-    parser.add_argument("suite", nargs="?")
+    parser.add_argument("suites", nargs="*")
     parser.add_argument("--jobs", type=int, default=1 if s.dry else 12)
     args = parser.parse_args(s.suite_args)
     available = sorted(p.stem for p in (RECIPES_DIR / "suites").glob("*.yaml"))
-    if args.suite is None and not s.dry:
+    if not args.suites and not s.dry:
         raise SystemExit(
             "gpu_session: suite: give the suite's name after --, e.g. suite -- placements-12l [--jobs 12] "
             f"(recipes/suites/: {', '.join(available)})"
         )
-    if args.suite is not None and args.suite not in available and not Path(args.suite).is_file():
-        raise SystemExit(f"gpu_session: suite: {args.suite!r}: a suite of recipes/suites/ ({', '.join(available)})")
+    for suite in args.suites:
+        if suite not in available and not Path(suite).is_file():
+            raise SystemExit(f"gpu_session: suite: {suite!r}: a suite of recipes/suites/ ({', '.join(available)})")
+    if len({Path(suite).stem for suite in args.suites}) < len(args.suites):
+        raise SystemExit(f"gpu_session: suite: a suite named twice: {' '.join(args.suites)}")
     if args.jobs < 1:
         raise SystemExit(f"gpu_session: suite: --jobs must be >= 1, got {args.jobs}")
-    return args.suite, args.jobs
+    return args.suites or [None], args.jobs
 
 
 def unpack_seed_runs(s: Session, stage: str, tarballs: list[Path], root: Path) -> None:

@@ -135,12 +135,19 @@ def test_the_command_line_refuses_what_cannot_work(capsys):
 
 def test_suite_takes_a_suites_name_and_jobs_and_refuses_a_missing_name_before_any_stage_runs(tmp_path, capsys):
     assert gpu_session.suite_arguments(session(tmp_path, dry=False, suite_args=["placements-12l"])) == (
-        "placements-12l",
+        ["placements-12l"],
         12,
     )
     assert gpu_session.suite_arguments(session(tmp_path, suite_args=["placements-12l", "--jobs", "2"]))[1] == 2
-    assert gpu_session.suite_arguments(session(tmp_path)) == (None, 1)  # the dry run's tiny suite
-    for suite_args, says in (([], "give the suite's name after --"), (["nope"], "'nope': a suite of recipes/")):
+    assert gpu_session.suite_arguments(session(tmp_path)) == ([None], 1)  # the dry run's tiny suite
+    several = ["placements-12l", "placements-12l-2000-all", "--jobs", "6"]
+    assert gpu_session.suite_arguments(session(tmp_path, suite_args=several)) == (several[:2], 6)
+    for suite_args, says in (
+        ([], "give the suite's name after --"),
+        (["nope"], "'nope': a suite of recipes/"),
+        (["placements-12l", "nope"], "'nope': a suite of recipes/"),
+        (["placements-12l", "placements-12l"], "a suite named twice"),
+    ):
         with pytest.raises(SystemExit, match=says):
             gpu_session.suite_arguments(session(tmp_path, dry=False, suite_args=suite_args))
     with pytest.raises(SystemExit):
@@ -443,7 +450,7 @@ def test_dry_run_of_two_suite_chunks_the_second_on_a_fresh_machine_from_the_firs
     and its runs packed; then a second chunk with a new runs root, which unpacks them and trains nothing again."""
     first, out = dry_run(tmp_path / "chunk1", "suite")
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    assert statuses(out) == {"suite/train": "ok"}
+    assert statuses(out) == {"suite/train-dry-suite": "ok"}
     assert layout_problems(out) == []
     assert sorted(p.name for p in (out / "suite").iterdir()) == [
         "dry-suite.md",
@@ -465,11 +472,20 @@ def test_dry_run_of_two_suite_chunks_the_second_on_a_fresh_machine_from_the_firs
         (out / "suite" / "suite-dry-suite-runs-1.tar.gz").read_bytes()
     )
     (seeds / "depth-runs-1.tar.gz").write_bytes(b"not this stage's")  # another stage's tarball: left alone
-    second, out2 = dry_run(tmp_path / "chunk2", "--seed-dir", str(seeds), "suite")
+    # the second command names the same suite and a second one: the first, complete from its unpacked runs,
+    # trains nothing and leaves the command's time to the next
+    files = [tmp_path / "dry-suite.yaml", tmp_path / "dry-next.yaml"]
+    for file in files:
+        file.write_text(gpu_session.DRY_SUITE)
+    second, out2 = dry_run(tmp_path / "chunk2", "--seed-dir", str(seeds), "suite", "--", *map(str, files))
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert statuses(out2) == {"suite/train-dry-suite": "ok", "suite/train-dry-next": "ok"}
     assert "2 finished run(s) unpacked from 1 tarball(s)" in second.stdout
     assert "suite dry-suite: 2 runs finished, 0 training, 0 more wanted now" in second.stdout
-    assert "suite: training" not in second.stdout and "RESULT" not in second.stdout
+    results = [line for line in second.stdout.splitlines() if line.startswith("RESULT run=")]
+    assert second.stdout.count("suite: training") == 2 and len(results) == 2  # dry-next's two runs, and only those
+    assert all("/suites/dry-next/" in line for line in results)
+    assert (out2 / "suite" / "dry-next.md").is_file() and (out2 / "suite" / "suite-dry-next-runs-1.tar.gz").is_file()
     assert sorted(members(out2 / "suite" / "suite-dry-suite-runs-1.tar.gz")) == sorted(names)
     table = [line for line in (out / "suite" / "dry-suite.md").read_text().splitlines() if line.startswith("|")]
     assert table and table == [
