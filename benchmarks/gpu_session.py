@@ -900,12 +900,14 @@ def travel_size(where: Path) -> str:
             if name.startswith(PARKABLE + "/") and len(parts) > 3 and parts[2] != Path(GPU_SUITE_RESULTS).name:
                 folder = "/".join(parts[:3])
                 folders[folder] = folders.get(folder, 0) + size
-        line += (
-            f": OVER the limit by {over / 2**20:.1f} MiB; the device tool would refuse the call. Leave "
-            ".devseed/docs-run-files.tar.gz behind unless the command is a depth round (the suite stage reads "
-            "only .devseed/suite-*), or leave committed results out of the tree: "
-            + park_commands(parking(folders, over))
+        depth_seed = where / ".devseed" / "docs-run-files.tar.gz"
+        line += f": OVER the limit by {over / 2**20:.1f} MiB; the device tool would refuse the call. " + (
+            "Leave .devseed/docs-run-files.tar.gz behind unless the command is a depth round (the suite stage "
+            "reads only .devseed/suite-*), or leave"
+            if depth_seed.is_file()
+            else "Leave"
         )
+        line += " committed results out of the tree: " + park_commands(parking(folders, over))
     return line
 
 
