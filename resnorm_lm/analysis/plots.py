@@ -119,8 +119,8 @@ def plot_machine_pairs(pairs: list[dict], names: tuple[str, str], unigram: float
     ax.set_xlabel(f"validation loss, {names[0]}")
     ax.set_ylabel(f"validation loss, {names[1]}")
     ax.set_title("the same runs on two machines (x at an edge: diverged there)", fontsize=9)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))  # beside: runs that learn on one machine
-    # only sit in the corners
+    # the legend beside the panel: inside it would hide the runs that learned on one machine only (the corners)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     return save_figure(fig, [ax], [], path)
 
 
