@@ -598,25 +598,33 @@ def compare_arguments(s: Session) -> list[str]:
 def stage_suite(s: Session, d: Path, budget: Budget) -> list[tuple[str, Path]]:
     """The suites named after --, in their order: each trains with the time the earlier ones left, so that a
     suite that completes early hands the rest of the command to the next (none starts with under a minute)."""
-    suites, jobs = suite_arguments(s)
+    suites, jobs, reuse = suite_arguments(s)
     files = []
     for k, suite in enumerate(suites):
         if k and budget.left() < SUITE_MIN_S:
             s.say(f"=== suite: under {SUITE_MIN_S} s left: {', '.join(map(str, suites[k:]))} wait for the next command")
             break
-        files += suite_chunk(s, d, budget, suite, jobs)
+        files += suite_chunk(s, d, budget, suite, jobs, reuse)
     return [*files, ("log.txt", d / "log.txt")]
 
 
-def suite_chunk(s: Session, d: Path, budget: Budget, suite: str | None, jobs: int) -> list[tuple[str, Path]]:
-    """One suite's next chunk: its earlier runs unpacked, trained until done or out of time, its table rendered,
-    its finished runs packed; the files that come back."""
+def suite_chunk(
+    s: Session, d: Path, budget: Budget, suite: str | None, jobs: int, reuse: list[str]
+) -> list[tuple[str, Path]]:
+    """One suite's next chunk: its earlier runs unpacked, trained until done or out of time (taking the runs of
+    the ``reuse`` suites' GPU roots that are its own: suite --reuse), its table rendered, its finished runs packed;
+    the files that come back."""
     if suite is None:  # the dry run's own tiny suite
         suite = str(s.scratch / "dry-suite.yaml")
         Path(suite).write_text(DRY_SUITE)
     name = Path(suite).stem
     root = s.runs_root / "suites" / name
     unpack_seed_runs(s, "suite", sorted(s.seed_dir.glob(f"suite-{name}-runs*.tar.gz")), root)
+    sources = []
+    for other in (r for r in reuse if r != name):
+        source = s.runs_root / "suites" / other
+        unpack_seed_runs(s, "suite", sorted(s.seed_dir.glob(f"suite-{other}-runs*.tar.gz")), source)
+        sources += ["--reuse", str(source)] if run_files.finished_runs(source) else []
     machine = SUITE_TRAIN_ARGS
     if s.dry:
         machine = [
@@ -629,7 +637,7 @@ def suite_chunk(s: Session, d: Path, budget: Budget, suite: str | None, jobs: in
     argv += ["--jobs", str(jobs), "--train-args", " ".join(machine)]
     fp32 = {TF32_ENV: "off"}  # full fp32 matmuls (the portable arithmetic's setting too): one GPU arithmetic a table
     reserve = min(SUITE_RESERVE_S, 0.4 * budget.left())
-    trained = s.step("suite", f"train-{name}", argv, budget.left() - reserve, env=fp32, grace_s=60)
+    trained = s.step("suite", f"train-{name}", [*argv, *sources], budget.left() - reserve, env=fp32, grace_s=60)
     if trained.status != "ok" and run_files.finished_runs(root):  # stopped: the table of what finished
         s.step("suite", f"render-{name}", [*argv, "--no-train"], budget.left() - 15, env=fp32, grace_s=10)
     parts = pack_finished_runs(s, "suite", root, d, f"suite-{name}-runs")
@@ -641,12 +649,15 @@ def suite_chunk(s: Session, d: Path, budget: Budget, suite: str | None, jobs: in
     ]
 
 
-def suite_arguments(s: Session) -> tuple[list[str | None], int]:
-    """The suite stage's arguments (after --): one or more suites, by name or file, and --jobs (default 12 on the
-    GPU); [None] for the dry run without one (its tiny suite). A mistake stops the session before any stage."""
+def suite_arguments(s: Session) -> tuple[list[str | None], int, list[str]]:
+    """The suite stage's arguments (after --): one or more suites, by name or file, --jobs (default 12 on the
+    GPU) and --reuse SUITE (repeatable: a suite whose GPU runs these may take, as designs-12l takes
+    placements-12l's pre-norm and post-norm); [None] for the dry run without a suite (its tiny suite). A mistake
+    stops the session before any stage."""
     parser = argparse.ArgumentParser(prog="gpu_session.sh suite --", add_help=False)
     parser.add_argument("suites", nargs="*")
     parser.add_argument("--jobs", type=int, default=1 if s.dry else 12)
+    parser.add_argument("--reuse", action="append", default=[], metavar="SUITE")
     args = parser.parse_args(s.suite_args)
     available = sorted(p.stem for p in (RECIPES_DIR / "suites").glob("*.yaml"))
     if not args.suites and not s.dry:
@@ -654,14 +665,14 @@ def suite_arguments(s: Session) -> tuple[list[str | None], int]:
             "gpu_session: suite: give the suite's name after --, e.g. suite -- placements-12l [--jobs 12] "
             f"(recipes/suites/: {', '.join(available)})"
         )
-    for suite in args.suites:
+    for suite in [*args.suites, *args.reuse]:
         if suite not in available and not Path(suite).is_file():
             raise SystemExit(f"gpu_session: suite: {suite!r}: a suite of recipes/suites/ ({', '.join(available)})")
     if len({Path(suite).stem for suite in args.suites}) < len(args.suites):
         raise SystemExit(f"gpu_session: suite: a suite named twice: {' '.join(args.suites)}")
     if args.jobs < 1:
         raise SystemExit(f"gpu_session: suite: --jobs must be >= 1, got {args.jobs}")
-    return args.suites or [None], args.jobs
+    return args.suites or [None], args.jobs, [Path(r).stem for r in args.reuse]
 
 
 def unpack_seed_runs(s: Session, stage: str, tarballs: list[Path], root: Path) -> None:

@@ -92,3 +92,12 @@ def test_the_command_prints_each_recipes_model_fingerprint_as_a_run_records_it(c
     for recipe in ("prenorm-12l", "postnorm-12l"):  # what a run of the recipe at the smoke profile records
         assert printed["models"][recipe] == fingerprint(recipe_arch(recipe, "smoke"), 4, cpu, "32-true")["model"]
     assert printed["models"]["prenorm-12l"] != printed["models"]["postnorm-12l"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for a machine without CUDA")
+def test_the_command_refuses_the_gpu_where_there_is_none(capsys):
+    from resnorm_lm.train.arithmetic import main
+
+    with pytest.raises(SystemExit):
+        main(["--profile", "smoke", "--device", "cuda", "--json"])
+    assert "--device cuda: this machine has no CUDA GPU" in capsys.readouterr().err

@@ -137,16 +137,18 @@ def test_suite_takes_a_suites_name_and_jobs_and_refuses_a_missing_name_before_an
     assert gpu_session.suite_arguments(session(tmp_path, dry=False, suite_args=["placements-12l"])) == (
         ["placements-12l"],
         12,
+        [],
     )
     assert gpu_session.suite_arguments(session(tmp_path, suite_args=["placements-12l", "--jobs", "2"]))[1] == 2
-    assert gpu_session.suite_arguments(session(tmp_path)) == ([None], 1)  # the dry run's tiny suite
-    several = ["placements-12l", "placements-12l-2000-all", "--jobs", "6"]
-    assert gpu_session.suite_arguments(session(tmp_path, suite_args=several)) == (several[:2], 6)
+    assert gpu_session.suite_arguments(session(tmp_path)) == ([None], 1, [])  # the dry run's tiny suite
+    several = ["placements-12l", "designs-12l", "--jobs", "6", "--reuse", "placements-12l"]
+    assert gpu_session.suite_arguments(session(tmp_path, suite_args=several)) == (several[:2], 6, ["placements-12l"])
     for suite_args, says in (
         ([], "give the suite's name after --"),
         (["nope"], "'nope': a suite of recipes/"),
         (["placements-12l", "nope"], "'nope': a suite of recipes/"),
         (["placements-12l", "placements-12l"], "a suite named twice"),
+        (["designs-12l", "--reuse", "nope"], "'nope': a suite of recipes/"),
     ):
         with pytest.raises(SystemExit, match=says):
             gpu_session.suite_arguments(session(tmp_path, dry=False, suite_args=suite_args))
@@ -473,15 +475,20 @@ def test_dry_run_of_two_suite_chunks_the_second_on_a_fresh_machine_from_the_firs
     )
     (seeds / "depth-runs-1.tar.gz").write_bytes(b"not this stage's")  # another stage's tarball: left alone
     # the second command names the same suite and a second one: the first, complete from its unpacked runs,
-    # trains nothing and leaves the command's time to the next
+    # trains nothing and leaves the command's time to the next, which is offered the first's runs (--reuse) and
+    # refuses them, saying why: the dry run's corpus lives in each command's own scratch folder (suite --reuse
+    # takes a run only where its config is this suite's here: tests/test_suite_reuse.py)
     files = [tmp_path / "dry-suite.yaml", tmp_path / "dry-next.yaml"]
     for file in files:
         file.write_text(gpu_session.DRY_SUITE)
-    second, out2 = dry_run(tmp_path / "chunk2", "--seed-dir", str(seeds), "suite", "--", *map(str, files))
+    argv = ["--seed-dir", str(seeds), "suite", "--", *map(str, files), "--reuse", str(files[0])]
+    second, out2 = dry_run(tmp_path / "chunk2", *argv)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert statuses(out2) == {"suite/train-dry-suite": "ok", "suite/train-dry-next": "ok"}
     assert "2 finished run(s) unpacked from 1 tarball(s)" in second.stdout
     assert "suite dry-suite: 2 runs finished, 0 training, 0 more wanted now" in second.stdout
+    refused = "suite dry-next: not reused (it trains here): prenorm-12l/smoke-lr0.003-wf0.25-seed1: data.files: run"
+    assert refused in second.stdout and "suite dry-next: 0 finished run(s) reused from" in second.stdout
     results = [line for line in second.stdout.splitlines() if line.startswith("RESULT run=")]
     assert second.stdout.count("suite: training") == 2 and len(results) == 2  # dry-next's two runs, and only those
     assert all("/suites/dry-next/" in line for line in results)

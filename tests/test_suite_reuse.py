@@ -111,3 +111,26 @@ def test_a_config_differs_only_where_a_run_computes_something_else():
     assert config_differences({**want, "model.arch.qk_norm": "full"}, have) == [
         "model.arch.qk_norm: run '(absent)', suite 'full'"
     ]
+
+
+def test_runs_trained_on_a_gpu_are_matched_with_the_gpus_fingerprints_not_the_cpus(tmp_path, recipes, monkeypatch):  # noqa: F811
+    from resnorm_lm.analysis import reuse
+
+    assert reuse.probe_device([]) == "cpu"
+    assert reuse.probe_device(["--trainer.accelerator=gpu", "--trainer.enable_progress_bar=false"]) == "cuda"
+    assert reuse.probe_device(["--trainer.accelerator=gpu", "--trainer.accelerator=cpu"]) == "cpu"  # the last wins
+    asked = []
+
+    def probe(cmd, **_):
+        asked.append(cmd)
+        models = {r: f"m-{r}" for r in cmd[cmd.index("--recipes") + 1 :]}
+        reply = json.dumps({"version": 1, "reference": "r1", "models": models})
+        return type("Done", (), {"returncode": 0, "stdout": reply, "stderr": ""})()
+
+    monkeypatch.setattr(reuse.subprocess, "run", probe)
+    suite = load(str(suite_file(tmp_path)))
+    got = reuse.machine_fingerprints(suite, ["a-12l"], device="cuda")
+    assert got == {"a-12l": {"version": 1, "reference": "r1", "model": "m-a-12l"}}
+    assert asked[-1][asked[-1].index("--device") + 1] == "cuda"
+    reuse.machine_fingerprints(suite, ["a-12l"])
+    assert asked[-1][asked[-1].index("--device") + 1] == "cpu"

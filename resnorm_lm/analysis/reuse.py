@@ -94,11 +94,19 @@ def fingerprint_differences(run_dir: Path, current: dict[str, Any]) -> list[str]
     return differ
 
 
-def machine_fingerprints(suite: Suite, recipes: list[str]) -> dict[str, dict[str, Any]]:
-    """This machine's fingerprint for each recipe, in the suite's arithmetic (a process of its own: the kernel
-    caps are read when the libraries load)."""
+def probe_device(machine: list[str]) -> str:
+    """Where a suite's runs compute, from its machine overrides: 'cuda' with ``--trainer.accelerator=gpu``
+    (or cuda), else 'cpu'."""
+    accelerators = [arg.split("=", 1)[1] for arg in machine if arg.startswith("--trainer.accelerator=")]
+    return "cuda" if accelerators and accelerators[-1] in ("gpu", "cuda") else "cpu"
+
+
+def machine_fingerprints(suite: Suite, recipes: list[str], device: str = "cpu") -> dict[str, dict[str, Any]]:
+    """This machine's fingerprint for each recipe, in the suite's arithmetic, on ``device`` (a process of its
+    own: the kernel caps are read when the libraries load)."""
     env = suite.environment(os.environ)
     cmd = [sys.executable, "-m", "resnorm_lm.train.arithmetic", "--profile", suite.profile, "--json"]
+    cmd += ["--device", device]
     done = subprocess.run([*cmd, "--recipes", *recipes], cwd=working_root(), env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"the arithmetic probe failed (exit {done.returncode}):\n{done.stderr[-2000:]}")

@@ -32,7 +32,7 @@ from resnorm_lm.analysis.drawn_recipes import DrawRule
 from resnorm_lm.analysis.equal_compute import compute_mismatch, compute_target, steps_mismatch, write_equal_compute
 from resnorm_lm.analysis.evidence import ProvenanceError, table_provenance
 from resnorm_lm.analysis.horizons import horizon_mismatch, write_horizons
-from resnorm_lm.analysis.reuse import reuse_runs
+from resnorm_lm.analysis.reuse import machine_fingerprints, probe_device, reuse_runs
 from resnorm_lm.analysis.suite_report import PilotReport, TunedReport, write_pilot, write_tuned
 from resnorm_lm.analysis.suite_runner import SuiteTrainer, evaluate_test, settle, train_suite
 from resnorm_lm.analysis.sweep import RunOutcome, RunSpec, Setting, unigram_reference
@@ -117,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     if args.reuse:  # another suite's finished runs that this one wants, where they are this suite's here
         fit = functools.partial(SuiteTrainer(suite, root, 1, args.logger, machine).command, resume=False)
-        reuse_runs(suite, functools.partial(settle, design, root, suite.profile), root, args.reuse, fit)
+        device = probe_device(machine)  # the fingerprints to match: the GPU's for runs trained on it
+        fingerprints = functools.partial(machine_fingerprints, suite, device=device)
+        reuse_runs(suite, functools.partial(settle, design, root, suite.profile), root, args.reuse, fit, fingerprints)
     failed = set() if args.no_train else train_suite(suite, design, root, jobs, args.logger, machine)
     plan, outcomes = settle(design, root, suite.profile)
     if not outcomes:

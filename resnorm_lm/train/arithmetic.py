@@ -34,7 +34,7 @@ import torch
 from resnorm_lm.model.gpt import GPT, GPTConfig
 from resnorm_lm.train.cpu_attention import ATTENTION_ENV
 from resnorm_lm.train.optim import OptimConfig, build_optimizer
-from resnorm_lm.train.precision import TF32_ENV
+from resnorm_lm.train.precision import TF32_ENV, set_matmul_precision_for
 
 FINGERPRINT_VERSION = 1  # bump when the probe changes: fingerprints of different versions never match
 PROBE_STEPS = 3
@@ -119,10 +119,12 @@ def probe_digest(arch: GPTConfig, batch_size: int, device: torch.device, precisi
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m resnorm_lm.train.arithmetic [--profile cpu] [--portable] [--recipes R ...] [--json]``: this
-    machine's fingerprints at a profile's shapes, in fp32, without training a run: the reference's, and with
-    ``--recipes`` each recipe's model fingerprint. Compare them with a table's to know whether this machine and this
-    code compute its numbers (``suite --reuse`` does, before it copies another suite's runs)."""
+    """``python -m resnorm_lm.train.arithmetic [--profile cpu] [--portable] [--device cuda] [--recipes R ...]
+    [--json]``: this machine's fingerprints at a profile's shapes, in fp32, without training a run: the reference's,
+    and with ``--recipes`` each recipe's model fingerprint; on the CPU, or with ``--device cuda`` on the GPU with its
+    TF32 setting (``RESNORM_LM_TF32``), as a run with ``--trainer.accelerator=gpu`` records them. Compare them with a
+    table's to know whether this machine and this code compute its numbers (``suite --reuse`` does, before it copies
+    another suite's runs)."""
     import argparse
     import json
     import sys
@@ -137,7 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--portable", action="store_true", help="in the portable arithmetic (the suites')")
     parser.add_argument("--recipes", nargs="*", default=[], help="recipes whose model fingerprints to print too")
     parser.add_argument("--json", action="store_true", help="one JSON object: reference, models, version")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the runs compute (cpu)")
     args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: this machine has no CUDA GPU (torch.cuda.is_available() is False)")
     if args.portable and not is_portable(environment()):  # the caps are read when the libraries load: start again
         os.execve(
             sys.executable,
@@ -154,15 +159,19 @@ def main(argv: list[str] | None = None) -> int:
         n_embd=arch["n_embd"],
     )
     use_for_run("32-true", data["batch_size"], arch["n_head"], data["block_size"], arch["n_embd"])  # as a fit does
-    record = describe(torch.device("cpu"), "32-true")
-    cpu = torch.device("cpu")
-    digest = probe_digest(reference, data["batch_size"], cpu, "32-true")
-    models = {r: probe_digest(recipe_arch(r, args.profile), data["batch_size"], cpu, "32-true") for r in args.recipes}
+    device = torch.device(args.device)
+    set_matmul_precision_for(device.type == "cuda")  # as a fit's Trainer does: TF32 or full fp32 on a GPU
+    record = describe(device, "32-true")
+    digest = probe_digest(reference, data["batch_size"], device, "32-true")
+    models = {
+        r: probe_digest(recipe_arch(r, args.profile), data["batch_size"], device, "32-true") for r in args.recipes
+    }
     if args.json:
         print(json.dumps({"version": FINGERPRINT_VERSION, "reference": digest, "models": models}))
         return 0
     print(
-        f"reference fingerprint at the {args.profile} profile, fp32 on CPU: {digest} (v{FINGERPRINT_VERSION}); "
+        f"reference fingerprint at the {args.profile} profile, fp32 on {record['device']}: {digest} "
+        f"(v{FINGERPRINT_VERSION}); "
         f"cpu_capability {record['cpu_capability']}, {record['threads']} thread(s), portable {record['portable']}"
     )
     for recipe, model in models.items():
