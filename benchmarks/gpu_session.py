@@ -599,20 +599,24 @@ def stage_suite(s: Session, d: Path, budget: Budget) -> list[tuple[str, Path]]:
     """The suites named after --, in their order: each trains with the time the earlier ones left, so that a
     suite that completes early hands the rest of the command to the next (none starts with under a minute)."""
     suites, jobs, reuse = suite_arguments(s)
+    sources = []  # the reuse suites' GPU roots, their carried runs unpacked once for every suite of the command
+    for other in reuse:
+        sources.append(s.runs_root / "suites" / other)
+        unpack_seed_runs(s, "suite", sorted(s.seed_dir.glob(f"suite-{other}-runs*.tar.gz")), sources[-1])
     files = []
     for k, suite in enumerate(suites):
         if k and budget.left() < SUITE_MIN_S:
             s.say(f"=== suite: under {SUITE_MIN_S} s left: {', '.join(map(str, suites[k:]))} wait for the next command")
             break
-        files += suite_chunk(s, d, budget, suite, jobs, reuse)
+        files += suite_chunk(s, d, budget, suite, jobs, sources)
     return [*files, ("log.txt", d / "log.txt")]
 
 
 def suite_chunk(
-    s: Session, d: Path, budget: Budget, suite: str | None, jobs: int, reuse: list[str]
+    s: Session, d: Path, budget: Budget, suite: str | None, jobs: int, sources: list[Path]
 ) -> list[tuple[str, Path]]:
     """One suite's next chunk: its earlier runs unpacked, trained until done or out of time (taking the runs of
-    the ``reuse`` suites' GPU roots that are its own: suite --reuse), its table rendered, its finished runs packed;
+    the other ``sources`` roots that are its own: suite --reuse), its table rendered, its finished runs packed;
     the files that come back."""
     if suite is None:  # the dry run's own tiny suite
         suite = str(s.scratch / "dry-suite.yaml")
@@ -620,11 +624,7 @@ def suite_chunk(
     name = Path(suite).stem
     root = s.runs_root / "suites" / name
     unpack_seed_runs(s, "suite", sorted(s.seed_dir.glob(f"suite-{name}-runs*.tar.gz")), root)
-    sources = []
-    for other in (r for r in reuse if r != name):
-        source = s.runs_root / "suites" / other
-        unpack_seed_runs(s, "suite", sorted(s.seed_dir.glob(f"suite-{other}-runs*.tar.gz")), source)
-        sources += ["--reuse", str(source)] if run_files.finished_runs(source) else []
+    reused = [arg for r in sources if r != root and run_files.finished_runs(r) for arg in ("--reuse", str(r))]
     machine = SUITE_TRAIN_ARGS
     if s.dry:
         machine = [
@@ -637,7 +637,7 @@ def suite_chunk(
     argv += ["--jobs", str(jobs), "--train-args", " ".join(machine)]
     fp32 = {TF32_ENV: "off"}  # full fp32 matmuls (the portable arithmetic's setting too): one GPU arithmetic a table
     reserve = min(SUITE_RESERVE_S, 0.4 * budget.left())
-    trained = s.step("suite", f"train-{name}", [*argv, *sources], budget.left() - reserve, env=fp32, grace_s=60)
+    trained = s.step("suite", f"train-{name}", [*argv, *reused], budget.left() - reserve, env=fp32, grace_s=60)
     if trained.status != "ok" and run_files.finished_runs(root):  # stopped: the table of what finished
         s.step("suite", f"render-{name}", [*argv, "--no-train"], budget.left() - 15, env=fp32, grace_s=10)
     parts = pack_finished_runs(s, "suite", root, d, f"suite-{name}-runs")
