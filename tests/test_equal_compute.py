@@ -100,15 +100,17 @@ def train_both(
     tmp_path: Path, at_b: Path, a_gain_at_9: dict[int, float], arithmetic: str = "r1", b_diverges: int | None = None
 ) -> None:
     """Fake runs of both suites: b-12l 0.1 nats ahead of a-12l at 6 steps in every seed (but ``b_diverges``, a
-    fresh seed that diverges); a-12l at 9 steps lower than at 6 by ``a_gain_at_9[seed]``."""
+    fresh seed that diverges); a-12l at 9 steps lower than at 6 by ``a_gain_at_9[seed]``. Every run's test loss is
+    its validation loss plus 0.12."""
     design = TunedBudget(load(str(tmp_path / "suite.yaml")))
     for recipe, offset in (("a-12l", 0.0), ("b-12l", -0.1)):
         for spec in outcomes_for(design, recipe, bowl(0.002)):
             val = bowl(0.002)(spec.setting, spec.seed) + offset
-            fake_run(tmp_path / "base", spec, None if recipe == "b-12l" and spec.seed == b_diverges else val)
+            diverged = recipe == "b-12l" and spec.seed == b_diverges
+            fake_run(tmp_path / "base", spec, None if diverged else val, test=None if diverged else val + 0.12)
     for spec in outcomes_for(TunedBudget(load(str(at_b))), "a-12l", bowl(0.002)):
         val = bowl(0.002)(spec.setting, spec.seed) - a_gain_at_9.get(spec.seed, 0.1)
-        fake_run(tmp_path / "at-b", spec, val, reference=arithmetic)
+        fake_run(tmp_path / "at-b", spec, val, test=val + 0.12, reference=arithmetic)
 
 
 def test_equal_compute_md_sets_equal_steps_beside_equal_flops(tmp_path, recipes, counted, monkeypatch, capsys):  # noqa: F811
@@ -137,6 +139,10 @@ def test_equal_compute_md_sets_equal_steps_beside_equal_flops(tmp_path, recipes,
     assert float(rows[0]["delta_val_mean"]) == pytest.approx(-0.1)
     assert float(rows[1]["delta_val_mean"]) == pytest.approx(-0.1 + 0.098)  # b at 6 minus a at 9, paired
     assert int(rows[1]["delta_val_n"]) == 5 and float(rows[1]["delta_val_half_width"]) > 0.002
+    for row in rows:  # the test split paired the same way (every fake run's test loss is its validation's + 0.12)
+        assert float(row["delta_test_mean"]) == pytest.approx(float(row["delta_val_mean"]))
+    runs = list(csv.DictReader((results / "at-b" / "runs.csv").open()))
+    assert {r["role"] for r in runs if r["test_loss"]} == {"pick"}  # the test split beside the fresh seeds only
     assert "| equal FLOPs (9 steps) | 9 | 0.002 / 0.3 | 5/5 | 4.905 ± 0.024 | 0.002 / 0.3 | 5/5 |" in markdown
 
 
@@ -156,3 +162,16 @@ def test_two_arithmetics_are_not_paired_and_a_diverged_seed_is_counted_apart(tmp
     assert [r["design_learned"] for r in rows] == ["4/5", "4/5"]  # seed 3 diverged: counted apart, not paired
     assert int(rows[0]["delta_val_n"]) == 4
     assert float(rows[1]["reference_val_mean"]) == pytest.approx(5.003 - 0.1, abs=0.001)  # its own table's, unpaired
+
+
+def test_a_verdict_whose_interval_ends_within_rounding_of_zero_says_how_close():
+    """-0.020 ± 0.020 at three decimals reads as touching zero: where the end nearer zero rounds to 0.000 the
+    verdict says where it ends; a clear separation, a tie, and no interval are left as they are."""
+    from resnorm_lm.analysis.evidence import Interval
+
+    edge = Interval(mean=-0.02005, half_width=0.02001, n=5)
+    assert equal_compute._verdict_text(edge, "ahead") == "ahead, at the edge (the interval ends at -4.0e-05)"
+    assert equal_compute._verdict_text(Interval(0.0300, 0.0298, 5), "behind").endswith("ends at +2.0e-04)")
+    assert equal_compute._verdict_text(Interval(-0.046, 0.022, 5), "ahead") == "ahead"
+    assert equal_compute._verdict_text(Interval(-0.01, 0.02, 5), "tie") == "tie"
+    assert equal_compute._verdict_text(None, "-") == "-"

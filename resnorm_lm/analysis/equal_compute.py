@@ -110,12 +110,14 @@ def read_runs(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def pick_losses(runs: list[dict[str, str]], recipe: str) -> tuple[dict[int, float], int]:
-    """{seed: validation loss} of ``recipe``'s fresh seeds at its pick (runs.csv's role ``pick``) that learned
+def pick_losses(runs: list[dict[str, str]], recipe: str, split: str = "val") -> tuple[dict[int, float], int]:
+    """{seed: loss on ``split``} of ``recipe``'s fresh seeds at its pick (runs.csv's role ``pick``) that learned
     (status ``ok``), and how many fresh seeds ran there: a seed that diverged or did not learn is counted apart, as
-    in the table."""
+    in the table. A table rendered before runs.csv had a test column gives no test losses."""
     rows = [r for r in runs if r["recipe"] == recipe and r["role"] == "pick"]
-    return {int(r["seed"]): float(r["val_loss"]) for r in rows if r["status"] == "ok"}, len(rows)
+    column = f"{split}_loss"
+    learned = {int(r["seed"]): float(r[column]) for r in rows if r["status"] == "ok" and r.get(column)}
+    return learned, len(rows)
 
 
 def pick_of(runs: list[dict[str, str]], recipe: str) -> str:
@@ -133,6 +135,7 @@ def comparison_rows(suite: Suite, base: Suite, base_runs: list[dict], own_runs: 
     at equal FLOPs (the reference of this suite: paired only where ``paired``, the tables sharing one arithmetic)."""
     design = suite.compute_of[1]
     ours, ran = pick_losses(base_runs, design)
+    ours_test, _ = pick_losses(base_runs, design, "test")
     against = [
         (f"equal steps ({base.max_steps})", base.max_steps, base_runs, True),
         (f"equal FLOPs ({suite.max_steps} steps)", suite.max_steps, own_runs, paired),
@@ -141,6 +144,8 @@ def comparison_rows(suite: Suite, base: Suite, base_runs: list[dict], own_runs: 
     for what, steps, runs, pairs in against:
         reference, reference_ran = pick_losses(runs, base.reference)
         delta = paired_difference(ours, reference) if pairs and reference else None
+        reference_test, _ = pick_losses(runs, base.reference, "test")
+        delta_test = paired_difference(ours_test, reference_test) if pairs and reference_test else None
         rows.append(
             {
                 "comparison": what,
@@ -152,6 +157,7 @@ def comparison_rows(suite: Suite, base: Suite, base_runs: list[dict], own_runs: 
                 "design_learned": f"{len(ours)}/{ran}",
                 "design_val": _mean(ours),
                 "delta_val": delta,
+                "delta_test": delta_test,
                 "verdict": verdict(delta),
             }
         )
@@ -166,6 +172,15 @@ def _text(interval: Interval | None, sign: bool = False) -> str:
     if interval is None:
         return "-"
     return ("+" if sign and interval.mean >= 0 else "") + interval.text(3)
+
+
+def _verdict_text(delta: Interval | None, said: str) -> str:
+    """The verdict, and where the interval's end nearer zero rounds to zero at the table's three decimals, how far
+    from zero it ends: a separation the rounded numbers cannot show is said, not hidden in "-0.020 ± 0.020"."""
+    if delta is None or delta.half_width is None or said not in ("ahead", "behind"):
+        return said
+    edge = delta.high if said == "ahead" else delta.low
+    return f"{said}, at the edge (the interval ends at {edge:+.1e})" if abs(edge) < 0.0005 else said
 
 
 def equal_compute_markdown(
@@ -187,16 +202,17 @@ def equal_compute_markdown(
         "Seeds learned: the fresh seeds at the pick that learned, of those run (one that diverged or stayed near "
         f"the unigram loss is counted apart, as in the tables). Δ val: `{design}` minus `{ref}`, paired by seed "
         "over the fresh seeds both have that learned, mean ± 95% t interval; 'ahead' or 'behind' only where the "
-        "interval excludes zero, else a tie.",
+        "interval excludes zero, else a tie. Δ test: the same on the test split, which chose nothing.",
         "",
         f"| comparison | `{ref}` steps | `{ref}` pick | `{ref}` seeds learned | `{ref}` val | `{design}` pick | "
-        f"`{design}` seeds learned | `{design}` val | Δ val | verdict |",
-        "|---" * 10 + "|",
+        f"`{design}` seeds learned | `{design}` val | Δ val | Δ test | verdict |",
+        "|---" * 11 + "|",
     ]
     for r in rows:
         cells = [r["comparison"], str(r["reference_steps"]), r["reference_pick"], r["reference_learned"],
                  _text(r["reference_val"]), r["design_pick"], r["design_learned"], _text(r["design_val"]),
-                 _text(r["delta_val"], sign=True), r["verdict"]]  # fmt: skip
+                 _text(r["delta_val"], sign=True), _text(r["delta_test"], sign=True),
+                 _verdict_text(r["delta_val"], r["verdict"])]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     if not paired:
         lines += ["", "The two tables do not share one arithmetic: the equal-FLOPs difference is left out (train "

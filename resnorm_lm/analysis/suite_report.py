@@ -119,10 +119,8 @@ class TunedReport:
                 continue
             if split == "val":
                 out[k] = o.val_loss
-            else:
-                test = ((RunDir(self.run_dir(o.spec)).summary().get("eval") or {}).get("test") or {}).get("loss")
-                if test is not None:
-                    out[k] = test
+            elif (test := self.test_loss(o.spec)) is not None:
+                out[k] = test
         return out
 
     def metric(self, recipe: str, key: str) -> Interval | None:
@@ -254,7 +252,8 @@ class TunedReport:
         )
 
     def grid_rows(self) -> list[dict[str, Any]]:
-        """Every finished run: recipe, setting, seed, its role, validation loss and status."""
+        """Every finished run: recipe, setting, seed, its role, validation loss, test loss (the pick's fresh seeds
+        only: the test split chooses nothing) and status."""
         out = []
         for spec, o in sorted(
             self.outcomes.items(), key=lambda x: (self.suite.recipes.index(x[0].recipe), x[0].setting, x[0].seed)
@@ -279,10 +278,15 @@ class TunedReport:
                     "seed": spec.seed,
                     "role": role,
                     "val_loss": o.val_loss,
+                    "test_loss": self.test_loss(spec) if role == "pick" else None,
                     "status": status_of(o, self.unigram),
                 }
             )
         return out
+
+    def test_loss(self, spec: RunSpec) -> float | None:
+        """A run's loss on the test split, where it was evaluated there (the picks' fresh seeds only)."""
+        return ((RunDir(self.run_dir(spec)).summary().get("eval") or {}).get("test") or {}).get("loss")
 
 
 def drawn_line(rule: DrawRule) -> str:
