@@ -168,10 +168,11 @@ def test_a_verdict_whose_interval_ends_within_rounding_of_zero_says_how_close():
     """-0.020 ± 0.020 at three decimals reads as touching zero: where the end nearer zero rounds to 0.000 the
     verdict says where it ends; a clear separation, a tie, and no interval are left as they are."""
     from resnorm_lm.analysis.evidence import Interval
+    from resnorm_lm.analysis.horizons import verdict_text
 
     edge = Interval(mean=-0.02005, half_width=0.02001, n=5)
-    assert equal_compute._verdict_text(edge, "ahead") == "ahead, at the edge (the interval ends at -4.0e-05)"
-    assert equal_compute._verdict_text(Interval(0.0300, 0.0298, 5), "behind").endswith("ends at +2.0e-04)")
-    assert equal_compute._verdict_text(Interval(-0.046, 0.022, 5), "ahead") == "ahead"
-    assert equal_compute._verdict_text(Interval(-0.01, 0.02, 5), "tie") == "tie"
-    assert equal_compute._verdict_text(None, "-") == "-"
+    assert verdict_text(edge, "ahead") == "ahead, at the edge (the interval ends at -4.0e-05)"
+    assert verdict_text(Interval(0.0300, 0.0298, 5), "behind").endswith("ends at +2.0e-04)")
+    assert verdict_text(Interval(-0.046, 0.022, 5), "ahead") == "ahead"
+    assert verdict_text(Interval(-0.01, 0.02, 5), "tie") == "tie"
+    assert verdict_text(None, "-") == "-"

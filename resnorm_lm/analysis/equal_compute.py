@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from resnorm_lm.analysis.evidence import Interval, interval_columns, mean_interval, paired_difference
-from resnorm_lm.analysis.horizons import horizon_mismatch, provenance_of, verdict
+from resnorm_lm.analysis.horizons import horizon_mismatch, provenance_of, verdict, verdict_text
 from resnorm_lm.data.cache import atomic_write, write_csv_atomic
 
 if TYPE_CHECKING:
@@ -174,15 +174,6 @@ def _text(interval: Interval | None, sign: bool = False) -> str:
     return ("+" if sign and interval.mean >= 0 else "") + interval.text(3)
 
 
-def _verdict_text(delta: Interval | None, said: str) -> str:
-    """The verdict, and where the interval's end nearer zero rounds to zero at the table's three decimals, how far
-    from zero it ends: a separation the rounded numbers cannot show is said, not hidden in "-0.020 ± 0.020"."""
-    if delta is None or delta.half_width is None or said not in ("ahead", "behind"):
-        return said
-    edge = delta.high if said == "ahead" else delta.low
-    return f"{said}, at the edge (the interval ends at {edge:+.1e})" if abs(edge) < 0.0005 else said
-
-
 def equal_compute_markdown(
     suite: Suite, base: Suite, ratio: float, rows: list[dict], provenance: dict, paired: bool
 ) -> str:
@@ -202,7 +193,8 @@ def equal_compute_markdown(
         "Seeds learned: the fresh seeds at the pick that learned, of those run (one that diverged or stayed near "
         f"the unigram loss is counted apart, as in the tables). Δ val: `{design}` minus `{ref}`, paired by seed "
         "over the fresh seeds both have that learned, mean ± 95% t interval; 'ahead' or 'behind' only where the "
-        "interval excludes zero, else a tie. Δ test: the same on the test split, which chose nothing.",
+        "interval excludes zero, else a tie (where the end nearer zero rounds to 0.000, the verdict says where it "
+        "ends). Δ test: the same on the test split, which chose nothing.",
         "",
         f"| comparison | `{ref}` steps | `{ref}` pick | `{ref}` seeds learned | `{ref}` val | `{design}` pick | "
         f"`{design}` seeds learned | `{design}` val | Δ val | Δ test | verdict |",
@@ -212,7 +204,7 @@ def equal_compute_markdown(
         cells = [r["comparison"], str(r["reference_steps"]), r["reference_pick"], r["reference_learned"],
                  _text(r["reference_val"]), r["design_pick"], r["design_learned"], _text(r["design_val"]),
                  _text(r["delta_val"], sign=True), _text(r["delta_test"], sign=True),
-                 _verdict_text(r["delta_val"], r["verdict"])]  # fmt: skip
+                 verdict_text(r["delta_val"], r["verdict"])]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     if not paired:
         lines += ["", "The two tables do not share one arithmetic: the equal-FLOPs difference is left out (train "

@@ -67,6 +67,15 @@ def verdict(delta: Interval | None, reference: bool = False) -> str:
     return "ahead" if delta.high < 0 else "behind"
 
 
+def verdict_text(delta: Interval | None, said: str) -> str:
+    """The verdict, and where the interval's end nearer zero rounds to zero at the table's three decimals, how far
+    from zero it ends: a separation the rounded numbers cannot show is said, not hidden in "-0.020 ± 0.020"."""
+    if delta is None or delta.half_width is None or said not in ("ahead", "behind"):
+        return said
+    edge = delta.high if said == "ahead" else delta.low
+    return f"{said}, at the edge (the interval ends at {edge:+.1e})" if abs(edge) < 0.0005 else said
+
+
 def horizon_rows(reference: str, short: dict[str, dict], long: dict[str, dict]) -> list[dict[str, Any]]:
     """One row per recipe of the longer horizon's table (both tables as table.csv rows, by recipe)."""
     rows = []
@@ -129,7 +138,8 @@ def horizons_markdown(
         "",
         f"Each recipe tuned at each horizon with the same budget; Δ val: paired by seed against the reference, mean "
         f"± 95% t interval over the fresh seeds (the two suites' tables: `{short_name}.md`, `{name}.md`). A verdict "
-        "is 'ahead' or 'behind' only where the interval excludes zero, else a tie; 'changed' compares the verdicts. "
+        "is 'ahead' or 'behind' only where the interval excludes zero, else a tie (where the end nearer zero rounds "
+        "to 0.000, the verdict says where it ends); 'changed' compares the verdicts. "
         f"At {long} steps: validation minus training loss, and the seeds whose validation was lower before the end.",
         "",
         f"| recipe | pick at {short} | val at {short} | Δ val at {short} | verdict | pick at {long} | val at {long} | "
@@ -142,11 +152,11 @@ def horizons_markdown(
             r["pick_short"],
             _text(r["val_short"]),
             _text(r["delta_short"], sign=True),
-            r["verdict_short"],
+            verdict_text(r["delta_short"], r["verdict_short"]),
             r["pick_long"],
             _text(r["val_long"]),
             _text(r["delta_long"], sign=True),
-            r["verdict_long"],
+            verdict_text(r["delta_long"], r["verdict_long"]),
             r["changed"],
             _text(r["gap_long"], sign=True),
             r["turned_up_long"],
