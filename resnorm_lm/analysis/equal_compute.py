@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from resnorm_lm.analysis.evidence import Interval, interval_columns, mean_interval, paired_difference
+from resnorm_lm.analysis.evidence import Interval, interval_columns, interval_text, mean_interval, paired_difference
 from resnorm_lm.analysis.horizons import horizon_mismatch, provenance_of, verdict, verdict_text
 from resnorm_lm.data.cache import atomic_write, write_csv_atomic
 
@@ -168,12 +168,6 @@ def _mean(values: dict[int, float] | None) -> Interval | None:
     return mean_interval(list(values.values())) if values else None
 
 
-def _text(interval: Interval | None, sign: bool = False) -> str:
-    if interval is None:
-        return "-"
-    return ("+" if sign and interval.mean >= 0 else "") + interval.text(3)
-
-
 def equal_compute_markdown(
     suite: Suite, base: Suite, ratio: float, rows: list[dict], provenance: dict, paired: bool
 ) -> str:
@@ -202,9 +196,9 @@ def equal_compute_markdown(
     ]
     for r in rows:
         cells = [r["comparison"], str(r["reference_steps"]), r["reference_pick"], r["reference_learned"],
-                 _text(r["reference_val"]), r["design_pick"], r["design_learned"], _text(r["design_val"]),
-                 _text(r["delta_val"], sign=True), _text(r["delta_test"], sign=True),
-                 verdict_text(r["delta_val"], r["verdict"])]  # fmt: skip
+                 interval_text(r["reference_val"]), r["design_pick"], r["design_learned"],
+                 interval_text(r["design_val"]), interval_text(r["delta_val"], sign=True),
+                 interval_text(r["delta_test"], sign=True), verdict_text(r["delta_val"], r["verdict"])]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     if not paired:
         lines += ["", "The two tables do not share one arithmetic: the equal-FLOPs difference is left out (train "

@@ -14,7 +14,7 @@ import csv
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from resnorm_lm.analysis.evidence import Interval, interval_columns
+from resnorm_lm.analysis.evidence import Interval, interval_columns, interval_text
 from resnorm_lm.analysis.plots import forest_plot
 from resnorm_lm.data.cache import atomic_write, write_csv_atomic
 
@@ -67,13 +67,13 @@ def verdict(delta: Interval | None, reference: bool = False) -> str:
     return "ahead" if delta.high < 0 else "behind"
 
 
-def verdict_text(delta: Interval | None, said: str) -> str:
-    """The verdict, and where the interval's end nearer zero rounds to zero at the table's three decimals, how far
-    from zero it ends: a separation the rounded numbers cannot show is said, not hidden in "-0.020 ± 0.020"."""
+def verdict_text(delta: Interval | None, said: str, digits: int = 3) -> str:
+    """The verdict, and where the interval's end nearer zero rounds to zero at the table's ``digits`` decimals, how
+    far from zero it ends: a separation the rounded numbers cannot show is said, not hidden in "-0.020 ± 0.020"."""
     if delta is None or delta.half_width is None or said not in ("ahead", "behind"):
         return said
     edge = delta.high if said == "ahead" else delta.low
-    return f"{said}, at the edge (the interval ends at {edge:+.1e})" if abs(edge) < 0.0005 else said
+    return f"{said}, at the edge (the interval ends at {edge:+.1e})" if abs(edge) < 0.5 * 10**-digits else said
 
 
 def horizon_rows(reference: str, short: dict[str, dict], long: dict[str, dict]) -> list[dict[str, Any]]:
@@ -112,12 +112,6 @@ def turned_up(row: dict[str, Any]) -> str:
     return "-" if k in (None, "") else f"{int(float(k))}/{int(float(n))}"
 
 
-def _text(interval: Interval | None, sign: bool = False) -> str:
-    if interval is None:
-        return "-"
-    return ("+" if sign and interval.mean >= 0 else "") + interval.text(3)
-
-
 def provenance_of(markdown: Path) -> list[str]:
     """A rendered suite table's provenance lines (``- arithmetic ...``), as its ``<name>.md`` states them."""
     text = markdown.read_text().splitlines() if markdown.is_file() else []
@@ -150,15 +144,15 @@ def horizons_markdown(
         cells = [
             f"`{r['recipe']}`",
             r["pick_short"],
-            _text(r["val_short"]),
-            _text(r["delta_short"], sign=True),
+            interval_text(r["val_short"]),
+            interval_text(r["delta_short"], sign=True),
             verdict_text(r["delta_short"], r["verdict_short"]),
             r["pick_long"],
-            _text(r["val_long"]),
-            _text(r["delta_long"], sign=True),
+            interval_text(r["val_long"]),
+            interval_text(r["delta_long"], sign=True),
             verdict_text(r["delta_long"], r["verdict_long"]),
             r["changed"],
-            _text(r["gap_long"], sign=True),
+            interval_text(r["gap_long"], sign=True),
             r["turned_up_long"],
         ]
         lines.append("| " + " | ".join(cells) + " |")
