@@ -591,9 +591,10 @@ def write_gain(run_dir: Path, gains: list[tuple[int, float, float]]) -> None:
 
 
 def test_the_gain_table_gives_each_hc_recipes_final_and_peak_gain_and_its_gain_by_lr(tmp_path, recipes):
-    """b logs the gain (its pick's seed k peaks at 10k at step 4 and ends at k^2, so no median is a mean; at the
-    selection seed the final gain is 1000 x the LR): its row gives the median and range over the five fresh seeds,
-    its by-LR column the selection seed's final gain at the pick's warmup; a logs none and has no row; gain.csv
+    """b logs the gain (its pick's seed k peaks at 10k forward and 11k backward at step 4 and ends at k^2 and 2k, so
+    no median is a mean; at the selection seed the final gain is 1000 x the LR forward and 1 backward): its row
+    gives the median and range over the five fresh seeds in both directions, its by-LR column the selection seed's
+    final gains at the pick's warmup; a logs none and has no row; gain.csv
     and the figure are written. A suite where no run logs it renders no gain table."""
     from resnorm_lm.analysis.stream_gain import gain_rows
     from resnorm_lm.analysis.suite_report import write_tuned
@@ -622,11 +623,14 @@ def test_the_gain_table_gives_each_hc_recipes_final_and_peak_gain_and_its_gain_b
     (row,) = gain_rows(report)
     assert row["recipe"] == "b-12l" and row["seeds"] == 5 and row["warmup"] == pick.warmup
     assert row["final_forward"] == "9 (1..25)" and row["final_backward"] == "6 (2..10)"
-    assert row["peak_forward"] == "30 (10..50)"
-    assert row["by_lr"] == "0.001: 1, 0.002: 2, 0.004: 4, 0.008: 8"
+    assert row["peak_forward"] == "30 (10..50)" and row["peak_backward"] == "33 (11..55)"
+    assert row["by_lr"] == "0.001: 1 / 1, 0.002: 2 / 1, 0.004: 4 / 1, 0.008: 8 / 1"
     written = write_tuned(report, report.rows(), table_provenance([]), False, tmp_path / "out")
     markdown = (tmp_path / "out" / "suite.md").read_text()
-    assert "| `b-12l` | 5 | 9 (1..25) | 6 (2..10) | 30 (10..50) | 0.3 | 0.001: 1, 0.002: 2," in markdown
+    assert (
+        "| `b-12l` | 5 | 9 (1..25) | 6 (2..10) | 30 (10..50) | 33 (11..55) | 0.3 | 0.001: 1 / 1, 0.002: 2 / 1,"
+        in markdown
+    )
     assert "| `a-12l` | 5 | " not in markdown.split("Stream-mix gain")[1]
     assert tmp_path / "out" / "gain.csv" in written and (tmp_path / "out" / "stream_gain.png").stat().st_size > 0
     (saved,) = list(csv.DictReader(open(tmp_path / "out" / "gain.csv")))

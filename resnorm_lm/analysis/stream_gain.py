@@ -6,9 +6,11 @@ Each run with hyper-connections logs mHC's Amax Gain Magnitude (arXiv 2512.24880
 paper reports a peak of about 3000 for HC against about 1.6 for mHC at 27B; what a 3.4M-parameter model can say
 is the direction, and how it depends on the LR.
 
-For each recipe whose runs log it: the gain at the end of training and its peak over training, over the pick's fresh
-seeds (median and range: the gains span orders of magnitude, so no mean and no t interval), and the selection
-seed's final gain at each LR of the pick's warmup.
+For each recipe whose runs log it: the gain at the end of training and its peak over training, in both directions,
+over the pick's fresh seeds (median and range: the gains span orders of magnitude, so no mean and no t interval),
+and the selection seed's final gains at each LR of the pick's warmup. Both directions, because they differ where
+it matters: mHC's Sinkhorn-Knopp ends on rows, so every ``H_res`` has rows summing to 1 and the forward gain is 1
+to rounding by construction; only the backward gain (columns, which 20 iterations leave approximate) can move.
 """
 
 from __future__ import annotations
@@ -48,9 +50,9 @@ def gain_warmup(report: TunedReport, recipe: str) -> float:
 
 
 def gain_rows(report: TunedReport) -> list[dict[str, Any]]:
-    """One row per recipe that logs the gain: at its pick's fresh seeds, the final forward and backward gains and
-    the peak forward gain (each a list over seeds, and its ``spread``); and ``by_lr``, the selection seed's final
-    forward gain at each LR of the pick's warmup (or of the first warmup while no pick is made)."""
+    """One row per recipe that logs the gain: at its pick's fresh seeds, the final and the peak gain, forward and
+    backward (each the ``spread`` over seeds); and ``by_lr``, the selection seed's final gains, forward / backward,
+    at each LR of the pick's warmup (or of the first warmup while no pick is made)."""
     rows = []
     for recipe in report.suite.recipes:
         sel = report.selections[recipe]
@@ -59,23 +61,23 @@ def gain_rows(report: TunedReport) -> list[dict[str, Any]]:
         traces = {k: t for k, t in traces.items() if t}
         warmup = gain_warmup(report, recipe)
         by_lr = {
-            spec.setting.lr: trace[-1][1]
+            spec.setting.lr: trace[-1][1:]
             for spec in report.outcomes
             if spec.recipe == recipe and spec.seed == report.design.selection_seed and spec.setting.warmup == warmup
             if (trace := gain_trace(report.run_dir(spec)))
         }
         if not traces and not by_lr:
             continue
-        final = [t[-1][1] for t in traces.values()]
         rows.append(
             {
                 "recipe": recipe,
                 "seeds": len(traces),
-                "final_forward": spread(final),
+                "final_forward": spread([t[-1][1] for t in traces.values()]),
                 "final_backward": spread([t[-1][2] for t in traces.values()]),
                 "peak_forward": spread([max(g for _, g, _ in t) for t in traces.values()]),
+                "peak_backward": spread([max(g for _, _, g in t) for t in traces.values()]),
                 "warmup": warmup,
-                "by_lr": ", ".join(f"{lr:g}: {g:.3g}" for lr, g in sorted(by_lr.items())),
+                "by_lr": ", ".join(f"{lr:g}: {f:.3g} / {b:.3g}" for lr, (f, b) in sorted(by_lr.items())),
             }
         )
     return rows
@@ -89,23 +91,34 @@ def gain_table(rows: list[dict[str, Any]]) -> list[str]:
         "",
         "Stream-mix gain (HC, mHC): the composite gain of every sublayer's `H_res` (mHC's Amax Gain Magnitude; 1 at "
         "init, about 3000 for HC and 1.6 for mHC at 27B in that paper), at the end of training and at its peak, over "
-        "the pick's fresh seeds: median (min..max). By LR: the selection seed's final forward gain at each LR, at "
-        "the pick's warmup.",
+        "the pick's fresh seeds: median (min..max). Forward: the largest row sum (what a stream can receive); "
+        "backward: the largest column sum (what one stream sends on, the gradient's gain). mHC's forward gain is 1 "
+        "by construction (its Sinkhorn-Knopp ends on rows); its backward gain shows how far 20 iterations leave the "
+        "columns. By LR: the selection seed's final gains, forward / backward, at each LR, at the pick's warmup.",
         "",
-        "| recipe | seeds | final gain (forward) | final gain (backward) | peak gain (forward) | warmup | by LR |",
-        "|---|---|---|---|---|---|---|",
+        "| recipe | seeds | final gain (forward) | final gain (backward) | peak gain (forward) | peak gain (backward) "
+        "| warmup | by LR (forward / backward) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| `{r['recipe']}` | {r['seeds']} | {r['final_forward']} | {r['final_backward']} | "
-            f"{r['peak_forward']} | {r['warmup']:g} | {r['by_lr'] or '-'} |"
+            f"{r['peak_forward']} | {r['peak_backward']} | {r['warmup']:g} | {r['by_lr'] or '-'} |"
         )
     return lines
 
 
+def plot_trace(ax: Any, trace: list[tuple[float, float, float]], label: str | None, **style: Any) -> None:
+    """One run's ``gain_trace`` on ``ax``: the forward gain solid (labelled), the backward gain dashed."""
+    if trace:
+        steps = [t[0] for t in trace]
+        ax.plot(steps, [t[1] for t in trace], label=label, **style)
+        ax.plot(steps, [t[2] for t in trace], ls="--", **style)
+
+
 def plot_gain(report: TunedReport, out_dir: Path) -> Path | None:
-    """One panel per recipe that logs the gain: the forward gain against the step, log scale; a line per LR at the
-    selection seed (the pick's warmup) and the pick's fresh seeds in black."""
+    """One panel per recipe that logs the gain: the gain against the step, log scale, forward solid and backward
+    dashed; a colour per LR at the selection seed (the pick's warmup) and the pick's fresh seeds in black."""
     import matplotlib.pyplot as plt
 
     recipes = [r["recipe"] for r in gain_rows(report)]
@@ -124,15 +137,9 @@ def plot_gain(report: TunedReport, out_dir: Path) -> Path | None:
             key=lambda s: s.setting.lr,
         )
         for spec in (s for s in selection if s.setting.warmup == warmup):
-            trace = gain_trace(report.run_dir(spec))
-            if trace:
-                ax.plot(
-                    [t[0] for t in trace],
-                    [t[1] for t in trace],
-                    lw=1,
-                    color=colors[spec.setting.lr],
-                    label=f"{spec.setting.lr:g}",
-                )
+            plot_trace(
+                ax, gain_trace(report.run_dir(spec)), f"{spec.setting.lr:g}", lw=1, color=colors[spec.setting.lr]
+            )
         fresh = [
             t
             for o in report.fresh(recipe, sel.pick, report.design.seeds).values()
@@ -140,12 +147,14 @@ def plot_gain(report: TunedReport, out_dir: Path) -> Path | None:
         ]
         for i, trace in enumerate(fresh):
             label = "pick, fresh seeds" if i == 0 else None
-            ax.plot([t[0] for t in trace], [t[1] for t in trace], lw=0.8, color="black", alpha=0.6, label=label)
-        ax.axhline(1.0, ls="--", lw=0.8, color="gray")
+            plot_trace(ax, trace, label, lw=0.8, color="black", alpha=0.6)
+        ax.axhline(1.0, ls=":", lw=0.8, color="gray")
         ax.set_xlabel("step", fontsize=8)
         ax.tick_params(labelsize=7)
-    axes[0].set_ylabel("composite gain (forward)")
+    axes[0].set_ylabel("composite gain")
     fig.suptitle(
-        "Stream-mix gain over training:\na line per LR (selection seed), the pick's seeds in black", fontsize=9
+        "Stream-mix gain over training, forward solid, backward dashed:\na colour per LR (selection seed), the "
+        "pick's seeds in black",
+        fontsize=9,
     )
     return save_figure(fig, axes, axes[:1], out_dir / "stream_gain.png")
