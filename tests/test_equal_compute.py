@@ -126,8 +126,10 @@ def test_equal_compute_md_sets_equal_steps_beside_equal_flops(tmp_path, recipes,
     assert main([str(at_b), "--root", str(tmp_path / "at-b"), *args]) == 0  # before the base table exists
     assert "render it first (make suite SUITE=suite ARGS=--no-train)" in capsys.readouterr().out
     assert main([str(tmp_path / "suite.yaml"), "--root", str(tmp_path / "base"), *args]) == 0
+    written_by_base = (results / "at-b" / "equal-compute.md").read_text()  # the base's render rewrites it too
     assert main([str(at_b), "--root", str(tmp_path / "at-b"), *args]) == 0
     markdown = (results / "at-b" / "equal-compute.md").read_text()
+    assert markdown == written_by_base
     assert "`b-12l` counts 1.5000 times `a-12l`'s training FLOPs" in markdown
     assert "In 6 steps it spends what `a-12l` spends in 9" in markdown
     assert "- suite: arithmetic r1 (v1)" in markdown and "- at-b: arithmetic r1 (v1)" in markdown

@@ -150,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             written += write_horizons(suite.name, suite.horizon_of, suite.reference, steps, rows, Path(args.results))
         if suite.compute_of is not None:
             written += write_equal_compute(suite, load(suite.compute_of[0], suite.path.parent), Path(args.results))
+        written += rewrite_equal_compute_of(suite, Path(args.results))
     else:
         assert isinstance(design, SeedPilot)
         written = write_pilot(PilotReport(suite, design, outcomes, unigram), provenance, partial, out_dir)
@@ -199,6 +200,24 @@ KEYS = {
 
 class SuiteError(ResnormError, ValueError):
     """A suite file that is missing, malformed, or names something that does not exist."""
+
+
+def rewrite_equal_compute_of(base: Suite, results: Path) -> list[Path]:
+    """The equal-compute tables that read ``base``'s table (suites whose ``compute_of`` names it), written again
+    where they are rendered in ``results``: a new run of ``base`` changes their provenance line, and its picks'
+    seeds their rows, so a table of ``base`` never stands beside a stale comparison with it."""
+    import yaml
+
+    written = []
+    for name in available_suites(base.path.parent):
+        if not (results / name / "runs.csv").is_file():
+            continue  # not rendered here: nothing to keep in step
+        # only its compute_of is read first: loading a file can need results not rendered yet (recipes_of)
+        raw = yaml.safe_load(suite_path(name, base.path.parent).read_text())
+        target = raw.get("compute_of") if isinstance(raw, dict) else None
+        if isinstance(target, dict) and target.get("suite") == base.name:
+            written += write_equal_compute(load(name, base.path.parent), base, results)
+    return written
 
 
 def available_suites(root: Path = SUITES_DIR) -> list[str]:
