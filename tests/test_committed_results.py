@@ -34,6 +34,9 @@ def committed_suites() -> list[tuple[str, str]]:
     return sorted(found, key=lambda found: load(found[1]).compute_of is not None)
 
 
+SUITES = committed_suites()
+
+
 def undated(text: str) -> str:
     return RENDERED.sub("Rendered <when>", text)
 
@@ -42,7 +45,7 @@ def undated(text: str) -> str:
 def rendered(tmp_path_factory) -> Path:
     """Every committed suite rendered again into a scratch results folder of the same layout."""
     out = tmp_path_factory.mktemp("rendered")
-    for results, name in committed_suites():
+    for results, name in SUITES:
         run_files = RESULTS / results / name / "run-files"
         argv = ["suite", name, "--root", str(run_files), "--no-train", "--results", str(out / results)]
         assert main(argv) == 0, f"resnorm-lm {' '.join(argv)} failed"
@@ -56,7 +59,7 @@ def test_the_committed_suites_are_found():
     assert suites.index(("suites", "designs-12l")) < suites.index(("suites", "designs-12l-equal-flops-hc"))
 
 
-@pytest.mark.parametrize(("results", "name"), committed_suites(), ids=[f"{r}/{n}" for r, n in committed_suites()])
+@pytest.mark.parametrize(("results", "name"), SUITES, ids=[f"{r}/{n}" for r, n in SUITES])
 def test_a_committed_suite_table_is_what_its_run_files_render(rendered, results, name):
     committed = RESULTS / results / name
     again = rendered / results / name
