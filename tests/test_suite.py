@@ -233,6 +233,9 @@ def test_a_second_horizon_says_which_verdicts_change(tmp_path, recipes, monkeypa
         ("b-12l", "behind", "tie", "yes"),
     ]
     assert (results / "long" / "horizons.png").stat().st_size > 0
+    (results / "long" / "horizons.md").write_text("stale")  # the shorter horizon's render writes it again
+    assert main([str(tmp_path / "suite.yaml"), "--root", str(tmp_path / "short"), *args]) == 0
+    assert (results / "long" / "horizons.md").read_text() == markdown  # from long's table.csv, byte for byte
 
 
 @pytest.mark.parametrize(

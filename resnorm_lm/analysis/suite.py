@@ -31,7 +31,7 @@ from typing import Any
 from resnorm_lm.analysis.drawn_recipes import DrawRule
 from resnorm_lm.analysis.equal_compute import compute_mismatch, compute_target, steps_mismatch, write_equal_compute
 from resnorm_lm.analysis.evidence import ProvenanceError, table_provenance
-from resnorm_lm.analysis.horizons import horizon_mismatch, write_horizons
+from resnorm_lm.analysis.horizons import horizon_mismatch, read_table, write_horizons
 from resnorm_lm.analysis.reuse import machine_fingerprints, probe_device, reuse_runs
 from resnorm_lm.analysis.suite_report import PilotReport, TunedReport, write_pilot, write_tuned
 from resnorm_lm.analysis.suite_runner import SuiteTrainer, evaluate_test, settle, train_suite
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             written += write_horizons(suite.name, suite.horizon_of, suite.reference, steps, rows, Path(args.results))
         if suite.compute_of is not None:
             written += write_equal_compute(suite, load(suite.compute_of[0], suite.path.parent), Path(args.results))
-        written += rewrite_equal_compute_of(suite, Path(args.results))
+        written += rewrite_dependents_of(suite, Path(args.results))
     else:
         assert isinstance(design, SeedPilot)
         written = write_pilot(PilotReport(suite, design, outcomes, unigram), provenance, partial, out_dir)
@@ -202,21 +202,28 @@ class SuiteError(ResnormError, ValueError):
     """A suite file that is missing, malformed, or names something that does not exist."""
 
 
-def rewrite_equal_compute_of(base: Suite, results: Path) -> list[Path]:
-    """The equal-compute tables that read ``base``'s table (suites whose ``compute_of`` names it), written again
-    where they are rendered in ``results``: a new run of ``base`` changes their provenance line, and its picks'
-    seeds their rows, so a table of ``base`` never stands beside a stale comparison with it."""
+def rewrite_dependents_of(base: Suite, results: Path) -> list[Path]:
+    """The tables that read ``base``'s rendered table, written again where they are rendered in ``results``: the
+    equal-compute tables of suites whose ``compute_of`` names it and the horizons tables of suites whose
+    ``horizon_of`` names it. A new run of ``base`` changes their provenance lines and their rows, so a table of
+    ``base`` never stands beside a stale comparison with it."""
     import yaml
 
     written = []
     for name in available_suites(base.path.parent):
-        if not (results / name / "runs.csv").is_file():
+        if not (results / name / "table.csv").is_file():
             continue  # not rendered here: nothing to keep in step
-        # only its compute_of is read first: loading a file can need results not rendered yet (recipes_of)
+        # only its two keys are read first: loading a file can need results not rendered yet (recipes_of)
         raw = yaml.safe_load(suite_path(name, base.path.parent).read_text())
-        target = raw.get("compute_of") if isinstance(raw, dict) else None
+        raw = raw if isinstance(raw, dict) else {}
+        target = raw.get("compute_of")
         if isinstance(target, dict) and target.get("suite") == base.name:
             written += write_equal_compute(load(name, base.path.parent), base, results)
+        if raw.get("horizon_of") == base.name:
+            long = load(name, base.path.parent)
+            rows = read_table(results / name / "table.csv").values()  # its own rows, as it rendered them
+            steps = (base.max_steps, long.max_steps)
+            written += write_horizons(name, base.name, long.reference, steps, list(rows), results)
     return written
 
 
