@@ -17,7 +17,13 @@ import yaml
 
 from resnorm_lm.analysis import compare
 from resnorm_lm.analysis import launchers as sweep_runner
-from resnorm_lm.analysis.block_measurements import angular_distance, measure, run_contribution, skipped
+from resnorm_lm.analysis.block_measurements import (
+    angular_distance,
+    layer_contribution_main,
+    measure,
+    run_contribution,
+    skipped,
+)
 from resnorm_lm.analysis.launchers import RunningFits, step_seconds_at, step_seconds_by_blocks, timing_line
 from resnorm_lm.analysis.sweep import Arm, RunSpec, Setting, run_sweep, sweep_arms
 from resnorm_lm.model.gpt import GPT, GPTConfig
@@ -440,6 +446,9 @@ def test_skipping_a_block_changes_the_loss_by_a_finite_amount_and_leaves_the_mod
         (result.skipped_loss, full.skipped_loss, tail.skipped_loss),
     ):
         assert got == pytest.approx([(80 * u + 10 * v) / 90 for u, v in zip(a, b)], rel=1e-5)
+    mean_squares = [(80 * u**2 + 10 * v**2) / 90 for u, v in zip(full.update_rms, tail.update_rms)]
+    assert result.update_rms == pytest.approx([math.sqrt(m) for m in mean_squares], rel=1e-5)
+    assert all(u > 0 for u in result.update_rms)
     assert all("forward" not in block.__dict__ and not block._forward_hooks for block in model.blocks)
     assert torch.equal(model(x)[0], before)  # hooks and skips undone
     for block in model.blocks:  # each skip really removes the block's work (an untrained model's loss
@@ -463,6 +472,38 @@ def test_an_identity_block_contributes_nothing():
     result = measure(model, x, y)
     assert result.loss_increase[1] == pytest.approx(0.0, abs=1e-6) and result.angular_distance[1] < 1e-6
     assert result.angular_distance[0] > 1e-3 and result.angular_distance[2] > 1e-3
+    assert result.update_rms[1] == 0.0 and result.update_rms[0] > 1e-3 and result.update_rms[2] > 1e-3
+
+
+@pytest.mark.parametrize("placement", ["prenorm", "attnres", "attnres_block"])
+def test_the_update_rms_is_the_rms_of_what_each_block_adds(placement):
+    """Pre-norm's update is its two sublayers' outputs, Attn(LN(x)) + MLP(LN(x + Attn(LN(x)))); AttnRes's is
+    its two values v, whatever its queries read: each against a transcription with the block's own modules."""
+    model = tiny(placement, n_layer=4)
+    x, y = torch.randint(0, 64, (3, 16)), torch.randint(0, 64, (3, 16))
+    with torch.no_grad():
+        for p in model.parameters():  # off the init (AttnRes's queries at zero), so the mixes are not uniform
+            p.add_(0.05 * torch.randn_like(p))
+    inputs = []
+    hooks = [b.register_forward_pre_hook(lambda m, args: inputs.append(args[0])) for b in model.blocks]
+    with torch.no_grad():
+        model(x)
+    for h in hooks:
+        h.remove()
+    expected = []
+    with torch.no_grad():
+        for block, stream in zip(model.blocks, inputs):
+            if placement == "prenorm":
+                a = block.attn(block.attn_norm(stream))
+                update = a + block.mlp(block.mlp_norm(stream + a))  # (B, T, C)
+            elif placement == "attnres":
+                after = block(stream)  # (v_0 .. v_l) and the block's two values, v_attn and v_mlp
+                assert len(after) == len(stream) + 2
+                update = after[-2] + after[-1]
+            else:  # Block AttnRes: its outputs go into the depth-blocks' sums, begun or partial
+                update = sum(block(stream)) - sum(stream)
+            expected.append(update.double().square().mean().sqrt().item())
+    assert measure(model, x, y).update_rms == pytest.approx(expected, rel=1e-6)
 
 
 def test_skipping_a_block_of_a_trained_model_costs_loss():
@@ -478,7 +519,7 @@ def test_skipping_a_block_of_a_trained_model_costs_loss():
     assert result.loss < 0.5 and max(result.loss_increase) > 0.5  # what it learned sits in its blocks
 
 
-def test_a_runs_contribution_is_read_from_its_checkpoint_and_cached(tmp_path):
+def test_a_runs_contribution_is_read_from_its_checkpoint_and_cached(tmp_path, capsys):
     corpus = write_learnable_corpus(tmp_path / "corpus", n_files=4, words_per_file=150)
     data = {
         "corpus": "text",
@@ -495,9 +536,25 @@ def test_a_runs_contribution_is_read_from_its_checkpoint_and_cached(tmp_path):
     run_dir = spec.run_dir(str(tmp_path / "runs"), "smoke")
     record = run_contribution(run_dir, n_tokens=40)
     assert record["tokens"] == 48 and record["step"] == 5 and len(record["angular_distance"]) == 2  # 3 windows
+    assert len(record["update_rms"]) == 2
+    older = {k: v for k, v in record.items() if k != "update_rms"}  # measured before update_rms was
+    (run_dir / "layer_contribution.json").write_text(json.dumps(older))
+    assert run_contribution(run_dir, n_tokens=40) == record  # measured again: the weights are here
+    assert layer_contribution_main([str(run_dir), "--tokens", "40", "--csv", str(tmp_path / "b.csv")]) == 0
+    out = capsys.readouterr().out  # from the cache
+    blocks = list(csv.DictReader((tmp_path / "b.csv").open()))
+    assert [float(b["update_rms"]) for b in blocks] == pytest.approx(record["update_rms"])
+    assert "| run | loss | update RMS, first block | last block | last / first | largest / smallest |" in out
+    first, last = record["update_rms"]
+    assert f"| {last / first:.2f} | {max(first, last) / min(first, last):.2f} |" in out
     (run_dir / "checkpoints" / "last.ckpt").unlink()
     assert run_contribution(run_dir, n_tokens=40) == record  # from layer_contribution.json
     assert run_contribution(run_dir, n_tokens=80) is None  # another slice needs the weights
+    assert layer_contribution_main([str(run_dir), "--tokens", "80"]) == 2
+    assert "no checkpoints/last.ckpt to measure" in capsys.readouterr().err
+    (run_dir / "layer_contribution.json").write_text(json.dumps(older))
+    assert run_contribution(run_dir, n_tokens=40) == older  # no weights: the older measurement, as it is
+    assert layer_contribution_main([str(run_dir), "--tokens", "40"]) == 2  # it has no update RMS
 
 
 @pytest.mark.slow

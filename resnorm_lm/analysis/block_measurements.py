@@ -29,6 +29,11 @@ own non-overlapping windows):
   per token, averaged over the tokens (Gromov et al. 2024, "The Unreasonable Ineffectiveness of the Deeper
   Layers", arXiv 2403.17887, the definition LNS and Mix-LN use). In [0, 1]: 0 when the block leaves the
   direction of every token's vector unchanged, as an identity block does.
+- **the update's RMS**: the RMS over the tokens and channels of what the block adds to the stream, its output
+  minus its input in the stream's ``residual`` tensor. Under pre-norm and its kin that is the sum of its
+  sublayers' outputs, the "output magnitude" whose growth with depth AttnRes sets out to curb (Kimi Team 2026,
+  arXiv 2603.15031: "more uniform output magnitudes ... across depth"); AttnRes's residual is the sum of its
+  values, so its update is its sublayers' outputs v too. Under post-norm it is LN(x + F(x)) - x.
 
 Placements with two streams (ResiDual: the post-norm stream x and the dual stream d): a skipped block
 passes both on unchanged (it neither renormalizes x nor adds its sublayers' outputs to d), and the angular
@@ -37,7 +42,10 @@ distance is measured on x, the stream the next block's sublayers read.
 ``GPT`` and ``Block`` do not change for this: ``skipped`` shadows one block's ``forward`` for the length of
 a ``with``, and the block inputs and outputs are read by forward hooks removed afterwards. A run's
 measurement is cached in its directory (``layer_contribution.json``), so tables are re-rendered without
-the checkpoint, as ``eval.json`` is.
+the checkpoint, as ``eval.json`` is. ``resnorm-lm layer-contribution RUN_DIR ...`` measures any finished runs
+(a suite's, say) and prints, per run, how the update's RMS and the angular distance spread over the depth::
+
+    resnorm-lm layer-contribution runs/suites/designs-12l/attnres-12l/cpu-lr0.004-wf0.25-seed* --csv blocks.csv
 
 ## The last block over the first, through training
 
@@ -283,6 +291,7 @@ class LayerContribution:
     loss: float  # mean cross-entropy of the whole model on the slice (nats/token)
     skipped_loss: list[float]  # the same with block l skipped
     angular_distance: list[float]  # mean over the tokens of the angular distance of block l's input and output
+    update_rms: list[float]  # RMS over the tokens and channels of what block l adds to the stream (output - input)
 
     @property
     def loss_increase(self) -> list[float]:
@@ -294,13 +303,17 @@ def measure(model: GPT, x: torch.Tensor, y: torch.Tensor, batch_size: int = 64) 
     """Both measurements for every block of ``model`` (in eval mode) on windows ``x`` (N, T) with targets
     ``y`` (N, T); targets equal to IGNORE_INDEX (a last window's padding) are not tokens."""
     distances = torch.zeros(len(model.blocks), dtype=torch.float64, device=x.device)  # (L,): sums over tokens
+    squares = torch.zeros_like(distances)  # (L,): sums over tokens of the update's mean square over channels
     valid: list[torch.Tensor] = []  # the current batch's (B, T) mask, read by the hooks
     block_input = model.stream.block_input  # the (B, T, C) tensor a block's sublayers read from the stream
+    residual = model.stream.residual  # the (B, T, C) tensor that holds the sum of the blocks' outputs
 
     def recorder(layer: int):
         def hook(module: nn.Module, args: tuple, output: Stream) -> None:
             d = angular_distance(block_input(args[0]), block_input(output))  # (B, T)
             distances[layer] += d[valid[0]].sum()
+            update = residual(output).double() - residual(args[0]).double()  # (B, T, C)
+            squares[layer] += update.square().mean(-1)[valid[0]].sum()
 
         return hook
 
@@ -314,7 +327,9 @@ def measure(model: GPT, x: torch.Tensor, y: torch.Tensor, batch_size: int = 64) 
     for block in model.blocks:
         with skipped(block):
             skipped_losses.append(slice_loss(model, x, y, batch_size)[0])
-    return LayerContribution(tokens, loss, skipped_losses, (distances / tokens).tolist())
+    return LayerContribution(
+        tokens, loss, skipped_losses, (distances / tokens).tolist(), (squares / tokens).sqrt().tolist()
+    )
 
 
 def slice_loss(
@@ -350,8 +365,9 @@ def run_contribution(run_dir: Path, n_tokens: int = DEFAULT_TOKENS) -> dict | No
     cache = run_files.path / CACHE_FILE
     if cache.is_file():
         cached = json.loads(cache.read_text())
-        if cached.get("step") == run_files.summary().get("step") and cached.get("tokens_asked") == n_tokens:
-            return cached
+        same = cached.get("step") == run_files.summary().get("step") and cached.get("tokens_asked") == n_tokens
+        if same and ("update_rms" in cached or not run_files.has_checkpoint()):
+            return cached  # one measured before update_rms was: measured again where the weights are here
     if not run_files.has_checkpoint():
         return None
     run = load_run(run_files.path)  # weights_only: a checkpoint is data; its data checked and set up
@@ -449,4 +465,66 @@ def block_ratio_main(argv: list[str] | None = None) -> int:
     print(table(ratios, args.metric, args.above))
     if args.csv:
         write_csv(ratios, args.metric, args.csv)
+    return 0
+
+
+def contribution_summary(run_dir: Path, record: dict) -> dict:
+    """One run's layer contribution over the depth: the update's RMS at the first and last block, last over
+    first, the largest over the smallest (1: every block adds as much), and the angular distance's mean over
+    the first and last quarter of the blocks."""
+    update, angle = record["update_rms"], record["angular_distance"]
+    q = math.ceil(len(angle) / 4)
+    return {
+        "run": str(run_dir),
+        "loss": record["loss"],
+        "update_first": update[0],
+        "update_last": update[-1],
+        "update_last_over_first": update[-1] / max(update[0], TINY),
+        "update_max_over_min": max(update) / max(min(update), TINY),
+        "angle_first_quarter": statistics.fmean(angle[:q]),
+        "angle_last_quarter": statistics.fmean(angle[-q:]),
+    }
+
+
+def layer_contribution_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="resnorm-lm layer-contribution",
+        description="each block's update RMS, angular distance and loss when skipped, in finished runs at their "
+        "final weights (cached in each run as layer_contribution.json)",
+    )
+    parser.add_argument("runs", nargs="+", type=Path, help="run directories (with checkpoints/last.ckpt or a cache)")
+    parser.add_argument("--tokens", type=int, default=DEFAULT_TOKENS, help="validation targets measured")
+    parser.add_argument("--csv", type=Path, help="also write every block's numbers to this CSV file")
+    args = parser.parse_args(argv)
+    if args.tokens < 1:
+        parser.error(f"--tokens must be positive, got {args.tokens}")
+    summaries, blocks = [], []
+    for run_dir in args.runs:
+        record = run_contribution(run_dir, args.tokens)
+        if record is None or "update_rms" not in record:
+            print(f"layer-contribution: error: {run_dir}: no checkpoints/last.ckpt to measure", file=sys.stderr)
+            return 2
+        summaries.append(contribution_summary(run_dir, record))
+        per_block = zip(record["loss_increase"], record["angular_distance"], record["update_rms"])
+        blocks += [
+            {"run": str(run_dir), "block": i, "loss_increase": d, "angular_distance": a, "update_rms": u}
+            for i, (d, a, u) in enumerate(per_block)
+        ]
+    print(f"Layer contribution on {args.tokens:,} validation targets, at each run's final weights:\n")
+    rows = [
+        {
+            "run": s["run"],
+            "loss": f"{s['loss']:.3f}",
+            "update RMS, first block": f"{s['update_first']:.3g}",
+            "last block": f"{s['update_last']:.3g}",
+            "last / first": f"{s['update_last_over_first']:.2f}",
+            "largest / smallest": f"{s['update_max_over_min']:.2f}",
+            "angle, first quarter": f"{s['angle_first_quarter']:.3f}",
+            "last quarter": f"{s['angle_last_quarter']:.3f}",
+        }
+        for s in summaries
+    ]
+    print(markdown_table(rows))
+    if args.csv:
+        write_csv_atomic(args.csv, blocks)
     return 0

@@ -638,6 +638,7 @@ def contribution_rows(
                         "loss_skipped": skipped,
                         "loss_increase": increase,
                         "angular_distance": angle,
+                        "update_rms": record["update_rms"][layer] if "update_rms" in record else None,
                     }
                 )
     return rows, missing
