@@ -300,7 +300,7 @@ class LayerContribution:
 
 @torch.no_grad()
 def measure(model: GPT, x: torch.Tensor, y: torch.Tensor, batch_size: int = 64) -> LayerContribution:
-    """Both measurements for every block of ``model`` (in eval mode) on windows ``x`` (N, T) with targets
+    """The three measurements for every block of ``model`` (in eval mode) on windows ``x`` (N, T) with targets
     ``y`` (N, T); targets equal to IGNORE_INDEX (a last window's padding) are not tokens."""
     distances = torch.zeros(len(model.blocks), dtype=torch.float64, device=x.device)  # (L,): sums over tokens
     squares = torch.zeros_like(distances)  # (L,): sums over tokens of the update's mean square over channels
@@ -502,7 +502,8 @@ def layer_contribution_main(argv: list[str] | None = None) -> int:
     for run_dir in args.runs:
         record = run_contribution(run_dir, args.tokens)
         if record is None or "update_rms" not in record:
-            print(f"layer-contribution: error: {run_dir}: no checkpoints/last.ckpt to measure", file=sys.stderr)
+            why = f"no checkpoints/last.ckpt to measure, and no {CACHE_FILE} with update_rms for {args.tokens} tokens"
+            print(f"layer-contribution: error: {run_dir}: {why}", file=sys.stderr)
             return 2
         summaries.append(contribution_summary(run_dir, record))
         per_block = zip(record["loss_increase"], record["angular_distance"], record["update_rms"])
