@@ -587,6 +587,17 @@ def test_the_fit_table_gives_the_gap_and_the_seeds_whose_validation_turned_up(tm
     assert "| `b-12l` |" in table and "| 2/5 (" in table and "| +0.030 ± 0.000 | 250, 250 |" in table
 
 
+def finished_report(tmp_path: Path) -> tuple[TunedBudget, dict[RunSpec, RunOutcome], TunedReport]:
+    """suite_file's suite with every run of a and b finished as the bowl says (under tmp_path/runs), and its report."""
+    suite = load(str(suite_file(tmp_path)))
+    design = TunedBudget(suite)
+    outcomes = {}
+    for recipe in ("a-12l", "b-12l"):
+        for spec in outcomes_for(design, recipe, bowl(0.002)):
+            outcomes[spec] = fake_run(tmp_path / "runs", spec, bowl(0.002)(spec.setting, spec.seed))
+    return design, outcomes, TunedReport(suite, design, outcomes, str(tmp_path / "runs"), UNIGRAM)
+
+
 def write_gain(run_dir: Path, gains: list[tuple[int, float, float]]) -> None:
     """A metrics.csv as an HC run logs its stream-mix gain: a (step, forward, backward) row each log."""
     lines = ["step,hc/gain_backward,hc/gain_forward,train/loss"] + [f"{s},{b},{f},5.0" for s, f, b in gains]
@@ -602,13 +613,7 @@ def test_the_gain_table_gives_each_hc_recipes_final_and_peak_gain_and_its_gain_b
     from resnorm_lm.analysis.stream_gain import gain_rows
     from resnorm_lm.analysis.suite_report import write_tuned
 
-    suite = load(str(suite_file(tmp_path)))
-    design = TunedBudget(suite)
-    outcomes = {}
-    for recipe in ("a-12l", "b-12l"):
-        for spec in outcomes_for(design, recipe, bowl(0.002)):
-            outcomes[spec] = fake_run(tmp_path / "runs", spec, bowl(0.002)(spec.setting, spec.seed))
-    report = TunedReport(suite, design, outcomes, str(tmp_path / "runs"), UNIGRAM)
+    design, outcomes, report = finished_report(tmp_path)
     assert gain_rows(report) == [] and "Stream-mix gain" not in tuned_markdown(
         report, report.rows(), table_provenance([]), False
     )
@@ -638,6 +643,50 @@ def test_the_gain_table_gives_each_hc_recipes_final_and_peak_gain_and_its_gain_b
     assert tmp_path / "out" / "gain.csv" in written and (tmp_path / "out" / "stream_gain.png").stat().st_size > 0
     (saved,) = list(csv.DictReader(open(tmp_path / "out" / "gain.csv")))
     assert saved["recipe"] == "b-12l" and saved["final_forward"] == "9 (1..25)"
+
+
+def write_per_block(run_dir: Path, rows: list[tuple[int, list[float], list[float]]]) -> None:
+    """A metrics.csv as a run logs its per-block metrics: (step, gradient norms, stream RMS) per log, block 0 first."""
+    n = len(rows[0][1])
+    head = ["step", *(f"grad_norm/layer_{i:02d}" for i in range(n)), *(f"stream_rms/layer_{i:02d}" for i in range(n))]
+    lines = [",".join(head)] + [",".join(map(str, [s, *g, *r])) for s, g, r in rows]
+    (run_dir / "metrics.csv").write_text("\n".join(lines) + "\n")
+
+
+def test_the_depth_table_gives_each_picks_last_block_over_its_first(tmp_path, recipes):
+    """b's fresh seed k logs at steps 0, 100, ..., 1000 a gradient ratio (last block / first) of 1 at step 0, 50k
+    at step 300 (its peak), and k at every step from 900 on (the last 10%: 900 and 1000, so the end is k); its
+    stream ratio ends at 2k. Rows give median (min..max) over the five seeds; one seed that did not learn is left
+    out; a, with no per-block columns, has no row; balance.csv is written."""
+    from resnorm_lm.analysis.depth_balance import balance_rows
+    from resnorm_lm.analysis.suite_report import write_tuned
+
+    design, outcomes, report = finished_report(tmp_path)
+    assert balance_rows(report) == []
+    pick = report.selections["b-12l"].pick
+    for spec in outcomes:
+        if spec.recipe == "b-12l" and spec.setting == pick and spec.seed in design.seeds:
+            k = spec.seed
+            ratio = {0: 1.0, 300: 50.0 * k, 900: float(k), 1000: float(k)}
+            logs = [(s, [2.0, 3.0, 2.0 * ratio.get(s, 1.5)], [1.0, 1.0, 2.0 * k]) for s in range(0, 1001, 100)]
+            write_per_block(spec.run_dir(str(tmp_path / "runs"), "smoke"), logs)
+    (row,) = balance_rows(report)
+    assert row == {
+        "recipe": "b-12l",
+        "seeds": 5,
+        "grad_end": "3 (1..5)",
+        "grad_peak": "150 (50..250)",
+        "stream_end": "6 (2..10)",
+    }
+    failed = RunSpec("b-12l", pick, 5)
+    learned, report.outcomes[failed] = report.outcomes[failed], RunOutcome(failed, None, diverged=True)
+    assert balance_rows(report)[0]["seeds"] == 4 and balance_rows(report)[0]["grad_end"] == "2.5 (1..4)"
+    report.outcomes[failed] = learned
+    written = write_tuned(report, report.rows(), table_provenance([]), False, tmp_path / "out")
+    markdown = (tmp_path / "out" / "suite.md").read_text()
+    assert "| `b-12l` | 5 | 3 (1..5) | 150 (50..250) | 6 (2..10) |" in markdown
+    assert "| `a-12l` | 5 | " not in markdown.split("Across depth")[1].split("Stream-mix")[0]
+    assert tmp_path / "out" / "balance.csv" in written
 
 
 def test_runs_of_different_arithmetic_are_refused_in_one_table_unless_marked(tmp_path):

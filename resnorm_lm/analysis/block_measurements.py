@@ -82,6 +82,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from resnorm_lm.analysis.depth_balance import TINY, ratio_trace
 from resnorm_lm.data.cache import atomic_write, write_csv_atomic, write_json_atomic
 from resnorm_lm.model.block import Stream
 from resnorm_lm.model.gpt import GPT, GPTConfig
@@ -394,7 +395,6 @@ def block_means(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
 
 
 METRICS = {"grad_norm": GRAD_NORMS, "stream_rms": STREAM_RMS}
-TINY = 1e-12  # a first block with nothing (no gradient at all): the ratio stays finite
 
 
 @dataclass(frozen=True)
@@ -414,9 +414,7 @@ class BlockRatio:
         prefix = METRICS[metric]
         if not RunDir(run_dir).metrics_path.is_file():
             raise ValueError(f"{run_dir}: no metrics.csv there; give run directories (runs/<recipe>/<run>)")
-        ratios = []  # (step, last block's value / first block's)
-        for step, values in RunDir(run_dir).per_block(prefix):
-            ratios.append((step, values[-1] / max(values[0], TINY)))
+        ratios = ratio_trace(run_dir, prefix)  # (step, last block's value / first block's)
         if not ratios:
             raise ValueError(f"{run_dir}: metrics.csv logs no per-block {metric} ({prefix}XX)")
         peak_step, peak = max(ratios, key=lambda r: r[1])

@@ -121,6 +121,13 @@ class Interval:
         return f"{self.mean:.{digits}f} ± {self.half_width:.{digits}f}"
 
 
+def spread(values: list[float]) -> str:
+    """'13.2 (4.8..235)': the median and the range, for values that span orders of magnitude (gains, ratios)."""
+    if not values:
+        return "-"
+    return f"{statistics.median(values):.3g} ({min(values):.3g}..{max(values):.3g})"
+
+
 def interval_text(interval: Interval | None, digits: int = 3, sign: bool = False) -> str:
     """An interval as a table prints it ('-' for none; '+0.132 ± 0.032' with ``sign`` for a difference)."""
     if interval is None:

@@ -15,10 +15,10 @@ to rounding by construction; only the backward gain (columns, which 20 iteration
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from resnorm_lm.analysis.evidence import spread
 from resnorm_lm.analysis.plots import panels, save_figure
 from resnorm_lm.model.hyper_connections import GAIN_BACKWARD, GAIN_FORWARD
 from resnorm_lm.train.runs import RunDir
@@ -34,13 +34,6 @@ def gain_trace(run_dir: Path) -> list[tuple[float, float, float]]:
         for r in RunDir(run_dir).metrics()
         if "step" in r and GAIN_FORWARD in r and GAIN_BACKWARD in r
     ]
-
-
-def spread(values: list[float]) -> str:
-    """'13.2 (4.8..235)': the median and the range."""
-    if not values:
-        return "-"
-    return f"{statistics.median(values):.3g} ({min(values):.3g}..{max(values):.3g})"
 
 
 def gain_warmup(report: TunedReport, recipe: str) -> float:

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from resnorm_lm.analysis.depth_balance import balance_rows, balance_table
 from resnorm_lm.analysis.evidence import (
     Interval,
     Proportion,
@@ -382,7 +383,9 @@ def tuned_markdown(report: TunedReport, rows: list[dict], provenance: TableProve
         if mixed:
             cells.append(provenance.row_mark(r["recipe"]))
         lines.append("| " + " | ".join(cells) + " |")
-    tables = ties_table(report, rows) + fit_table(rows) + gain_table(gain_rows(report))
+    tables = (
+        ties_table(report, rows) + fit_table(rows) + balance_table(balance_rows(report)) + gain_table(gain_rows(report))
+    )
     return "\n".join(lines + tables) + "\n"
 
 
@@ -580,10 +583,13 @@ def write_tables(out_dir: Path, name: str, markdown: str, tables: dict[str, list
 
 def write_tuned(report: TunedReport, rows: list[dict], provenance: TableProvenance, partial: bool, out_dir: Path):
     """A tuned suite's files: ``<name>.md``, table.csv (its rows), runs.csv (every run), pairs.csv (every pair of
-    rows' paired difference), gain.csv where runs log the stream-mix gain, and the figures."""
+    rows' paired difference), balance.csv where runs log per-block metrics, gain.csv where they log the
+    stream-mix gain, and the figures."""
     markdown = tuned_markdown(report, rows, provenance, partial)
     pairs = report.pair_rows([r["recipe"] for r in rows if r.get("val_loss")])
     tables = {"table": rows, "runs": report.grid_rows(), "pairs": pairs}
+    if balance := balance_rows(report):
+        tables["balance"] = balance
     if gains := gain_rows(report):
         tables["gain"] = gains
     written = write_tables(out_dir, report.suite.name, markdown, tables)
