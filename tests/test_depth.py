@@ -519,9 +519,10 @@ def test_skipping_a_block_of_a_trained_model_costs_loss():
     assert result.loss < 0.5 and max(result.loss_increase) > 0.5  # what it learned sits in its blocks
 
 
-def test_a_runs_contribution_is_read_from_its_checkpoint_and_cached(tmp_path, capsys):
+def tiny_run_data(tmp_path: Path) -> dict:
+    """The data settings of a run small enough to train in a test, on a learnable corpus written under tmp_path."""
     corpus = write_learnable_corpus(tmp_path / "corpus", n_files=4, words_per_file=150)
-    data = {
+    return {
         "corpus": "text",
         "files": [corpus],
         "vocab_size": 300,
@@ -530,6 +531,10 @@ def test_a_runs_contribution_is_read_from_its_checkpoint_and_cached(tmp_path, ca
         "eval_batch_size": 8,
         "cache_dir": str(tmp_path / "cache"),
     }
+
+
+def test_a_runs_contribution_is_read_from_its_checkpoint_and_cached(tmp_path, capsys):
+    data = tiny_run_data(tmp_path)
     trainer = DepthTrainer(tmp_path / "runs", lambda *a: 5.0, data)
     spec = RunSpec("lns-12l", Setting(1e-3, 0.33), 1, depth=2)
     trainer.train_all([spec])

@@ -184,6 +184,35 @@ def test_denseformer_is_prenorm_at_init():
         assert torch.equal(dense(idx)[0], pre(idx)[0])
 
 
+def logits_and_readout_variance(model: GPT, x: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """The model's logits and the variance over the channels (mean over the tokens) of its final norm's input."""
+    readout_input = []  # (B, T, C)
+    hook = model.stream.final_norm.register_forward_hook(lambda m, args, out: readout_input.append(args[0]))
+    logits = model(x)[0]
+    hook.remove()
+    return logits, readout_input[0].var(-1, unbiased=False).mean().item()
+
+
+def test_attnres_at_init_is_prenorm_up_to_the_norms_eps():
+    """Every pre-norm reads LN(sum of the values); AttnRes at init reads LN(their mean): the same but for eps. At
+    the GPT-2 init the mean of many small values falls below LN's default eps (1e-5) at depth, which shrinks what
+    the deep sublayers and the readout read at the first steps (measured: for 5 steps at lr 4e-3, 20 at 5e-4)."""
+    x = torch.randint(0, 64, (2, 8))
+    differences, readout_variance = [], []
+    for eps in (1e-12, 1e-5):
+        torch.manual_seed(0)
+        kw = dict(vocab_size=64, block_size=8, n_layer=4, n_head=2, n_embd=C, norm_eps=eps)
+        pre = GPT(GPTConfig(placement="prenorm", **kw)).double()
+        att = GPT(GPTConfig(placement="attnres", **kw)).double()
+        missing, unexpected = att.load_state_dict(pre.state_dict(), strict=False)
+        assert all(".query" in k or ".key_norm." in k for k in missing) and not unexpected
+        logits, variance = logits_and_readout_variance(att, x)
+        differences.append((pre(x)[0] - logits).abs().max().item())
+        readout_variance.append(variance)
+    assert differences[0] < 1e-6  # eps 1e-12: the same logits
+    assert readout_variance[1] < 1e-5 and differences[1] > 1e-2  # eps 1e-5 dominates the readout's input
+
+
 @pytest.fixture(params=[*DESIGNS, "attnres_block_of_3"])
 def design(request, monkeypatch):
     """Each placement; ``attnres_block_of_3``: Block AttnRes with 6 sublayers in 2 blocks of 3 (at 3 blocks the
