@@ -59,11 +59,13 @@ def source_names(model: GPT) -> list[str]:
 
 
 def reader_names(model: GPT) -> dict[nn.Module, str]:
-    names = {model.stream.readout: "readout"}
+    """Every depth attention and its name, in depth order (the readout last)."""
+    names = {}
     for l, block in enumerate(model.stream.blocks):
         if block.attn_res is not None:
             names[block.attn_res] = f"block {l} attention"
         names[block.mlp_res] = f"block {l} MLP"
+    names[model.stream.readout] = "readout"
     return names
 
 
@@ -94,8 +96,7 @@ def attention_readers(model: GPT, x: torch.Tensor, batch_size: int = 64) -> list
         a, rms = (s / tokens for s in sums[module])  # (S,) each
         magnitude = a * rms
         readers.append(Reader(name, labels[: len(a)], a.tolist(), (magnitude / magnitude.sum()).tolist()))
-    order = list(names.values())[1:] + ["readout"]  # depth order, the readout last
-    return sorted(readers, key=lambda r: order.index(r.name))
+    return readers
 
 
 def dense_readers(model: GPT) -> list[Reader]:
