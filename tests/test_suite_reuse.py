@@ -7,9 +7,10 @@ import functools
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
-from resnorm_lm.analysis.reuse import config_differences, flatten, reuse_runs
+from resnorm_lm.analysis.reuse import OtherArithmetic, config_differences, flatten, reuse_runs
 from resnorm_lm.analysis.suite import TunedBudget, load, settle
 from resnorm_lm.analysis.sweep import RunSpec
 from tests.test_suite import bowl, fake_run, outcomes_for, recipes, suite_file  # noqa: F401 (a fixture)
@@ -41,11 +42,12 @@ def the_suites_config(command: list[str]) -> dict:
     }
 
 
-def trained_elsewhere(root: Path, design: TunedBudget, recipe: str, changed=None) -> list[RunSpec]:
-    """Every run ``design`` wants of ``recipe``, finished under ``root`` as another suite left them."""
+def trained_elsewhere(root: Path, design: TunedBudget, recipe: str, changed=None, reference="r1") -> list[RunSpec]:
+    """Every run ``design`` wants of ``recipe``, finished under ``root`` as another suite left them (on a machine
+    whose reference fingerprint is ``reference``)."""
     specs = list(outcomes_for(design, recipe, bowl(0.002)))
     for spec in specs:
-        fake_run(root, spec, bowl(0.002)(spec.setting, spec.seed), test=5.2)
+        fake_run(root, spec, bowl(0.002)(spec.setting, spec.seed), test=5.2, reference=reference)
         config = config_of(spec, root)
         if changed and changed[0] == spec:
             config["trainer"]["max_steps"] = changed[1]
@@ -134,3 +136,33 @@ def test_runs_trained_on_a_gpu_are_matched_with_the_gpus_fingerprints_not_the_cp
     assert asked[-1][asked[-1].index("--device") + 1] == "cuda"
     reuse.machine_fingerprints(suite, ["a-12l"])
     assert asked[-1][asked[-1].index("--device") + 1] == "cpu"
+
+
+def test_runs_of_another_machine_arithmetic_stop_the_suite_rather_than_start_it_again(tmp_path, recipes, capsys):  # noqa: F811
+    """Every run offered was trained where the reference fingerprint is r0, this machine's is r1: nothing is
+    copied, and the suite stops with whose runs they are, unless asked to start its own table; a suite that already
+    has a run of this machine's goes on without asking."""
+    suite = load(str(suite_file(tmp_path)))
+    design = TunedBudget(suite)
+    specs = trained_elsewhere(tmp_path / "other", design, "a-12l", reference="r0")
+    root = tmp_path / "here"
+    take = functools.partial(
+        reuse_runs,
+        suite,
+        functools.partial(settle, design, str(root), "smoke"),
+        str(root),
+        [tmp_path / "other"],
+        lambda spec: ["fit", spec],
+        lambda asked: {r: HERE for r in asked},
+        the_suites_config,
+    )
+    with pytest.raises(OtherArithmetic) as err:
+        take()
+    said = str(err.value)
+    assert "reference fingerprint r0, " in said and "this machine's (r1)" in said and "--new-arithmetic" in said
+    assert "segment 0 reference fingerprint: run 'r0', here 'r1'" in capsys.readouterr().out  # each refusal, why
+    assert not root.exists() and settle(design, str(root), "smoke")[1] == {}
+    assert take(new_arithmetic=True) == 0  # asked for: the suite trains here, as a table of its own
+    first = next(s for s in specs if s.seed == 0)
+    fake_run(root, first, bowl(0.002)(first.setting, first.seed))  # a run of this machine's arithmetic (r1)
+    assert take() == 0  # the suite is this machine's already: it goes on, and the r0 runs are not taken

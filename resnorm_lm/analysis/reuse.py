@@ -16,6 +16,11 @@ setting and seed, has not finished one, and
 Its small files are copied (and its checkpoints where it has them and its test split is not yet evaluated),
 with ``reused.json`` saying where from; its manifest keeps the code revision it trained with, which the table's
 provenance lists. The plan is asked again after each round of copies: a finished run decides the next.
+
+Where the runs offered were trained in another machine arithmetic (their reference fingerprint is not this
+machine's) and the suite has no finished run in this machine's, training here would start the suite again from
+its first run, a table of its own: that stops with ``OtherArithmetic``, saying whose the runs are and how to go
+on, unless asked for (``suite --new-arithmetic``).
 """
 
 from __future__ import annotations
@@ -32,8 +37,10 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from resnorm_lm.analysis.evidence import segment_arithmetics
 from resnorm_lm.analysis.sweep import RunSpec
 from resnorm_lm.data.cache import atomic_write
+from resnorm_lm.errors import ResnormError
 from resnorm_lm.train.runs import RunDir, copy_small_files, working_root
 
 if TYPE_CHECKING:
@@ -79,6 +86,10 @@ def config_differences(want: dict[str, Any], have: dict[str, Any]) -> list[str]:
         if want.get(key, "(absent)") != have.get(key, "(absent)"):
             differ.append(f"{key}: run {have.get(key, '(absent)')!r}, suite {want.get(key, '(absent)')!r}")
     return differ
+
+
+class OtherArithmetic(ResnormError, RuntimeError):
+    """The runs offered for reuse were trained in another machine arithmetic than this machine's."""
 
 
 def fingerprint_differences(run_dir: Path, current: dict[str, Any]) -> list[str]:
@@ -132,15 +143,19 @@ def reuse_runs(
     command: Callable[[RunSpec], list[str]],
     fingerprints: Callable[[list[str]], dict[str, dict[str, Any]]] | None = None,
     expected_config: Callable[[list[str]], dict[str, Any]] = printed_config,
+    new_arithmetic: bool = False,
 ) -> int:
     """Copy into ``root`` every run of ``sources`` this suite wants and may take (the module's docstring), asking
     ``settle`` (the plan and the finished runs) again after each round; say what was taken and why the rest were
-    not; the number of runs copied. ``command``: the suite's ``fit`` command of a run."""
+    not; the number of runs copied. ``command``: the suite's ``fit`` command of a run. Raises ``OtherArithmetic``
+    where every run offered is of another machine arithmetic and none of the suite's is this machine's, unless
+    ``new_arithmetic``."""
     fingerprints = fingerprints or (lambda recipes: machine_fingerprints(suite, recipes))
     sources = [Path(s) for s in sources]
     current: dict[str, dict[str, Any]] = {}  # this machine's fingerprints, by recipe
     configs: dict[str, dict[str, Any]] = {}  # the config the suite trains a recipe with (flattened), by recipe
     copied, refused = 0, {}
+    elsewhere: dict[str, set[str]] = {}  # another machine arithmetic's reference -> the sources' run dirs of it
     while True:
         plan, outcomes = settle()
         candidates = []
@@ -168,6 +183,9 @@ def reuse_runs(
                     if v is not None
                 }
             )
+            here = current[spec.recipe]["reference"]
+            for reference in segment_arithmetics(source) - {here}:
+                elsewhere.setdefault(reference, set()).add(str(source))
             differ = fingerprint_differences(source, current[spec.recipe])
             differ += config_differences(want, flatten(RunDir(source).config()))
             if differ:
@@ -180,7 +198,24 @@ def reuse_runs(
             f"suite {suite.name}: not reused (it trains here): {spec.run_dir('', suite.profile)}: {'; '.join(differ)}"
         )
     print(f"suite {suite.name}: {copied} finished run(s) reused from {', '.join(map(str, sources))}", flush=True)
+    if elsewhere and not new_arithmetic:
+        here = next(iter(current.values()))["reference"]
+        _, outcomes = settle()
+        if not any(here in segment_arithmetics(spec.run_dir(root, suite.profile)) for spec in outcomes):
+            raise OtherArithmetic(other_arithmetic_message(suite.name, here, elsewhere))
     return copied
+
+
+def other_arithmetic_message(name: str, here: str, elsewhere: dict[str, set[str]]) -> str:
+    """Why a suite does not start again here, whose its runs are and the two ways on."""
+    theirs = ", ".join(f"{reference}, {len(runs)} run(s) offered" for reference, runs in sorted(elsewhere.items()))
+    return (
+        f"the runs --reuse offers to suite {name} were trained in another machine arithmetic (reference "
+        f"fingerprint {theirs}) than this machine's ({here}), and none of the suite's finished runs is this "
+        "machine's: training here would start the suite again from its first run, as a table of its own. Continue "
+        f"it on a machine whose `python -m resnorm_lm.train.arithmetic --portable` prints {min(elsewhere)}, or "
+        "start this machine's own table on purpose with --new-arithmetic (and a --root and --export of its own)"
+    )
 
 
 def take(source: Path, target: Path) -> None:

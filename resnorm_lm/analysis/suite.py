@@ -32,7 +32,7 @@ from resnorm_lm.analysis.drawn_recipes import DrawRule
 from resnorm_lm.analysis.equal_compute import compute_mismatch, compute_target, steps_mismatch, write_equal_compute
 from resnorm_lm.analysis.evidence import ProvenanceError, table_provenance
 from resnorm_lm.analysis.horizons import horizon_mismatch, read_table, write_horizons
-from resnorm_lm.analysis.reuse import machine_fingerprints, probe_device, reuse_runs
+from resnorm_lm.analysis.reuse import OtherArithmetic, machine_fingerprints, probe_device, reuse_runs
 from resnorm_lm.analysis.suite_report import PilotReport, TunedReport, write_pilot, write_tuned
 from resnorm_lm.analysis.suite_runner import SuiteTrainer, evaluate_test, settle, train_suite
 from resnorm_lm.analysis.sweep import RunOutcome, RunSpec, Setting, unigram_reference
@@ -81,6 +81,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "and arithmetic fingerprint are this suite's here, instead of training them (analysis/reuse.py); repeatable",
     )
     parser.add_argument(
+        "--new-arithmetic",
+        action="store_true",
+        help="train here though every run --reuse offers is of another machine arithmetic (refused otherwise: "
+        "the suite would start again as a table of this machine's own)",
+    )
+    parser.add_argument(
         "--mix-provenance",
         action="store_true",
         help="render runs of different arithmetic in one table, each row marked (refused otherwise)",
@@ -119,7 +125,19 @@ def main(argv: list[str] | None = None) -> int:
         fit = functools.partial(SuiteTrainer(suite, root, 1, args.logger, machine).command, resume=False)
         device = probe_device(machine)  # the fingerprints to match: the GPU's for runs trained on it
         fingerprints = functools.partial(machine_fingerprints, suite, device=device)
-        reuse_runs(suite, functools.partial(settle, design, root, suite.profile), root, args.reuse, fit, fingerprints)
+        try:
+            reuse_runs(
+                suite,
+                functools.partial(settle, design, root, suite.profile),
+                root,
+                args.reuse,
+                fit,
+                fingerprints,
+                new_arithmetic=args.new_arithmetic,
+            )
+        except OtherArithmetic as err:
+            print(f"resnorm-lm suite: error: {err}", file=sys.stderr)
+            return 2
     failed = set() if args.no_train else train_suite(suite, design, root, jobs, args.logger, machine)
     plan, outcomes = settle(design, root, suite.profile)
     if not outcomes:
