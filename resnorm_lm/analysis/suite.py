@@ -188,8 +188,8 @@ def main(argv: list[str] | None = None) -> int:
 #
 # The file names everything a result depends on, so that nothing is chosen after the runs are seen: the recipes and
 # the reference they are compared with, the profile, what every run trains with (horizon, precision, clip,
-# schedule: LightningCLI overrides), the arithmetic (``portable``: the same numbers on every CPU kind, shown by the
-# runs' fingerprints) and the design:
+# schedule: LightningCLI overrides), the arithmetic (``portable``: kernels capped so that CPU kinds can compute the
+# same numbers; the runs' fingerprints show whether they do, and an Intel Xeon and an AMD EPYC do not) and the design:
 #
 # * ``tuned`` (``TunedBudget``): the same budget algorithm for every recipe, a fixed number of runs at
 #   most, fresh seeds at each recipe's pick;
