@@ -4,17 +4,15 @@ where the arithmetic is the same. A change meant to change no number (a refactor
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
 from resnorm_lm.model.placements import PLACEMENTS
 from resnorm_lm.train.arithmetic import fingerprint
 from resnorm_lm.train.recipes import available_recipes, recipe_arch
-from tests.recorded_numbers import GPT, HERE, TINY, GPTConfig
+from tests.recorded_numbers import GPT, HERE, TINY, GPTConfig, recorded_machines
 
-RECORDED = json.loads((HERE / "fingerprints.json").read_text())
+RECORDED = recorded_machines()  # reference fingerprint -> {cpu, cpu_capability, models}
 
 
 @pytest.mark.parametrize("placement", PLACEMENTS.names())
@@ -29,22 +27,27 @@ def test_a_saved_model_of_every_placement_loads_and_gives_its_logits(placement):
 
 
 def test_every_recipe_was_recorded():
-    # a new recipe: record it (python -m tests.recorded_numbers)
-    assert set(RECORDED["models"]) == set(available_recipes())
+    # a new recipe: record it (python -m tests.recorded_numbers --add-machine); a recipe removed: record again
+    assert RECORDED, "no fingerprints recorded: python -m tests.recorded_numbers"
+    assert set().union(*(m["models"] for m in RECORDED.values())) == set(available_recipes())
+    for reference, machine in RECORDED.items():
+        assert set(machine["models"]) <= set(available_recipes()), f"{reference} holds a recipe that is gone"
 
 
 def test_every_recipes_first_steps_are_bit_identical_to_the_recorded_ones():
     cpu = torch.device("cpu")
     here = fingerprint(recipe_arch("prenorm-12l", "smoke"), 4, cpu, "32-true")["reference"]
-    if here != RECORDED["reference"]:
-        recorded = f"{RECORDED['reference']}, {RECORDED['cpu_capability']} kernels"
+    if here not in RECORDED:
+        recorded = "; ".join(f"{r} ({m['cpu']}, {m['cpu_capability']} kernels)" for r, m in sorted(RECORDED.items()))
         pytest.skip(
-            f"this machine's arithmetic (reference fingerprint {here}) is not the one the numbers were "
-            f"recorded with ({recorded}): bits differ"
+            f"this machine's arithmetic (reference fingerprint {here}) is none of those the numbers were recorded "
+            f"with ({recorded}): bits differ. Record it where the code changed no number: "
+            "python -m tests.recorded_numbers --add-machine"
         )
+    models = RECORDED[here]["models"]
     changed = {
-        r: (RECORDED["models"][r], p)
-        for r in available_recipes()
-        if (p := fingerprint(recipe_arch(r, "smoke"), 4, cpu, "32-true")["model"]) != RECORDED["models"][r]
+        r: (models[r], p)
+        for r in sorted(models)
+        if (p := fingerprint(recipe_arch(r, "smoke"), 4, cpu, "32-true")["model"]) != models[r]
     }
     assert not changed, f"recipes whose numbers changed (recorded, now): {changed}"
