@@ -113,18 +113,24 @@ def probe_device(machine: list[str]) -> str:
 
 
 def machine_fingerprints(suite: Suite, recipes: list[str], device: str = "cpu") -> dict[str, dict[str, Any]]:
-    """This machine's fingerprint for each recipe, in the suite's arithmetic, on ``device`` (a process of its
-    own: the kernel caps are read when the libraries load)."""
+    """This machine's fingerprint for each recipe, in the suite's arithmetic, on ``device``."""
+    probe = arithmetic_probe(suite, recipes, device)
+    return {
+        r: {"version": probe["version"], "reference": probe["reference"], "model": probe["models"][r]} for r in recipes
+    }
+
+
+def arithmetic_probe(suite: Suite, recipes: list[str], device: str = "cpu") -> dict[str, Any]:
+    """``python -m resnorm_lm.train.arithmetic --json`` at the suite's profile, in its arithmetic, on ``device``:
+    the reference fingerprint and each recipe's model fingerprint (a process of its own: the kernel caps are read
+    when the libraries load)."""
     env = suite.environment(os.environ)
     cmd = [sys.executable, "-m", "resnorm_lm.train.arithmetic", "--profile", suite.profile, "--json"]
     cmd += ["--device", device]
     done = subprocess.run([*cmd, "--recipes", *recipes], cwd=working_root(), env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"the arithmetic probe failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
-    probe = json.loads(done.stdout.strip().splitlines()[-1])
-    return {
-        r: {"version": probe["version"], "reference": probe["reference"], "model": probe["models"][r]} for r in recipes
-    }
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def printed_config(command: list[str]) -> dict[str, Any]:
