@@ -154,8 +154,8 @@ def reuse_runs(
     """Copy into ``root`` every run of ``sources`` this suite wants and may take (the module's docstring), asking
     ``settle`` (the plan and the finished runs) again after each round; say what was taken and why the rest were
     not; the number of runs copied. ``command``: the suite's ``fit`` command of a run. Raises ``OtherArithmetic``
-    where every run offered is of another machine arithmetic and none of the suite's is this machine's, unless
-    ``new_arithmetic``."""
+    where runs offered are of another machine arithmetic and, after the copies, none of the suite's finished runs
+    is this machine's, unless ``new_arithmetic``."""
     fingerprints = fingerprints or (lambda recipes: machine_fingerprints(suite, recipes))
     sources = [Path(s) for s in sources]
     current: dict[str, dict[str, Any]] = {}  # this machine's fingerprints, by recipe

@@ -83,8 +83,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--new-arithmetic",
         action="store_true",
-        help="train here though every run --reuse offers is of another machine arithmetic (refused otherwise: "
-        "the suite would start again as a table of this machine's own)",
+        help="train here though the runs --reuse offers are of another machine arithmetic and none of the suite's "
+        "is this machine's (refused otherwise: the suite would start again as a table of this machine's own)",
     )
     parser.add_argument(
         "--mix-provenance",
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.reuse,
                 fit,
                 fingerprints,
-                new_arithmetic=args.new_arithmetic,
+                new_arithmetic=args.new_arithmetic or args.no_train,  # --no-train starts nothing again
             )
         except OtherArithmetic as err:
             print(f"resnorm-lm suite: error: {err}", file=sys.stderr)
