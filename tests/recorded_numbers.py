@@ -68,6 +68,8 @@ def record(add_machine: bool = False) -> None:
     assert len(references) == 1, references  # one machine, one environment: one reference
     reference = references.pop()
     machines = recorded_machines() if add_machine else {}
+    for other in machines.values():  # a recipe removed since leaves every record
+        other["models"] = {r: m for r, m in other["models"].items() if r in prints}
     dropped = sorted(set(recorded_machines()) - set(machines) - {reference})
     machines[reference] = {
         "cpu": cpu_name(),

@@ -27,7 +27,7 @@ def test_a_saved_model_of_every_placement_loads_and_gives_its_logits(placement):
 
 
 def test_every_recipe_was_recorded():
-    # a new recipe: record it (python -m tests.recorded_numbers --add-machine); a recipe removed: record again
+    # a recipe added or removed: python -m tests.recorded_numbers --add-machine (it leaves the other records too)
     assert RECORDED, "no fingerprints recorded: python -m tests.recorded_numbers"
     assert set().union(*(m["models"] for m in RECORDED.values())) == set(available_recipes())
     for reference, machine in RECORDED.items():
