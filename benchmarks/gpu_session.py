@@ -34,7 +34,8 @@ Stages (GPU unless said):
               its runs in <runs root>/suites/NAME (a root of their own: GPU runs never share a table with CPU
               runs), fp32 with TF32 off, on the GPU, --jobs (default 12) at a time; stopped by its budget and
               resumed as depth is; renders the table and brings back every finished run's small files
-              (suite-NAME-runs-*.tar.gz: put them in .devseed/ for the next chunk on a fresh machine)
+              (suite-NAME-runs-*.tar.gz: put them in .devseed/ for the next chunk on a fresh machine); carried
+              runs of another arithmetic than this GPU's (another kind of GPU) are set aside first, said in the log
 
 Output: $OUT/<stage>/ (OUT: the device tool's output folder; ./gpu-out otherwise) holds each stage's results
 and log.txt, flat; $OUT/session.txt the device, versions and every step's status. Files beyond the 8 that come
@@ -170,6 +171,7 @@ class Session:
     lines: list[str] = field(default_factory=list)  # every step's status, for session.txt
     done: list[device_files.StageFiles] = field(default_factory=list)
     failed: int = 0  # steps that failed (a step cut at its budget keeps what it wrote: no failure)
+    references: dict = field(default_factory=dict)  # this GPU's reference fingerprint, by profile
     log_file: object = None
 
     # ---------------------------------------------------------------- running a child under a budget
@@ -603,6 +605,7 @@ def stage_suite(s: Session, d: Path, budget: Budget) -> list[tuple[str, Path]]:
     for other in reuse:
         sources.append(s.runs_root / "suites" / other)
         unpack_seed_runs(s, "suite", sorted(s.seed_dir.glob(f"suite-{other}-runs*.tar.gz")), sources[-1])
+        set_aside_other_arithmetic(s, sources[-1], device_reference(s, other))
     files = []
     for k, suite in enumerate(suites):
         if k and budget.left() < SUITE_MIN_S:
@@ -624,6 +627,7 @@ def suite_chunk(
     name = Path(suite).stem
     root = s.runs_root / "suites" / name
     unpack_seed_runs(s, "suite", sorted(s.seed_dir.glob(f"suite-{name}-runs*.tar.gz")), root)
+    set_aside_other_arithmetic(s, root, device_reference(s, suite))
     reused = [arg for r in sources if r != root and run_files.finished_runs(r) for arg in ("--reuse", str(r))]
     machine = SUITE_TRAIN_ARGS
     if s.dry:
@@ -683,6 +687,55 @@ def unpack_seed_runs(s: Session, stage: str, tarballs: list[Path], root: Path) -
         f"=== {stage}: {added} finished run(s) unpacked from {len(tarballs)} tarball(s) in {s.seed_dir} into "
         f"{root}; {kept} already there (kept)"
     )
+
+
+def device_reference(s: Session, suite: str) -> str | None:
+    """This GPU's reference fingerprint at the suite's profile, as the suite's runs compute (fp32, TF32 off:
+    ``python -m resnorm_lm.train.arithmetic --device cuda``), probed once a profile; None without CUDA (the dry
+    run: its CPU runs carry no other GPU's) or where the probe fails (said)."""
+    from resnorm_lm.analysis.suite import load
+
+    if not s.cuda:
+        return None
+    spec = load(suite)
+    if spec.profile not in s.references:
+        env = spec.environment({**s.env, TF32_ENV: "off"})
+        cmd = [s.py, "-m", "resnorm_lm.train.arithmetic", "--profile", spec.profile, "--device", "cuda", "--json"]
+        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            s.say(f"=== suite: the arithmetic probe failed (exit {done.returncode}); carried runs kept as they are")
+            return None
+        s.references[spec.profile] = json.loads(done.stdout.strip().splitlines()[-1])["reference"]
+    return s.references[spec.profile]
+
+
+def set_aside_other_arithmetic(s: Session, root: Path, here: str | None) -> None:
+    """Move the finished runs under ``root`` computed in another arithmetic than ``here`` (another kind of GPU's,
+    carried in .devseed/) to ``<root>.other-arithmetic/``, saying so: this GPU's runs make a table of their own,
+    which they could not share with them (``suite`` refuses a mixed table, and ``--reuse`` stops rather than
+    start one again)."""
+    from collections import Counter
+
+    from resnorm_lm.analysis.evidence import segment_arithmetics
+
+    if here is None:
+        return
+    aside, moved = root.with_name(root.name + ".other-arithmetic"), Counter()
+    for run_dir in run_files.finished_runs(root):
+        theirs = segment_arithmetics(run_dir)
+        if theirs != {here}:
+            target = aside / run_dir.parent.name / run_dir.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.move(str(run_dir), str(target))
+            moved.update(theirs)
+    if moved:
+        theirs = ", ".join(f"{reference} ({n})" for reference, n in moved.most_common())
+        s.say(
+            f"=== suite: {sum(moved.values())} carried run(s) of {root.name} computed in another arithmetic ({theirs}) "
+            f"than this GPU's ({here}) set aside in {aside}: this GPU's runs make a table of their own (unpack "
+            "what comes back into docs/results/suites-<this gpu>/, not beside the carried runs' table)"
+        )
 
 
 def pack_finished_runs(s: Session, stage: str, root: Path, d: Path, stem: str) -> list[Path]:

@@ -56,6 +56,34 @@ def test_a_step_is_ok_failed_or_skipped_without_cuda_and_a_failure_does_not_stop
     assert s.lines[0].startswith("st/ok: ok (") and s.lines[1].startswith("st/bad: failed (exit 3)")
 
 
+def carried_run(root: Path, recipe: str, run: str, reference: str) -> Path:
+    """A finished run as a carried tarball unpacks it, computed where the reference fingerprint is ``reference``."""
+    run_dir = root / recipe / run
+    run_dir.mkdir(parents=True)
+    (run_dir / "eval.json").write_text(json.dumps({"finished": True, "val_loss": 5.0}))
+    segment = {"arithmetic": {"fingerprint": {"version": 1, "reference": reference, "model": "m"}}}
+    (run_dir / "manifest.json").write_text(json.dumps({**segment, "segments": [segment]}))
+    return run_dir
+
+
+def test_carried_runs_of_another_gpus_arithmetic_are_set_aside_and_this_gpus_kept(tmp_path, capsys):
+    """An H200 lent where the carried runs are an H100's: they leave the suite's root (its table is this GPU's
+    own), the runs of this GPU's arithmetic stay; without CUDA (the dry run) nothing is probed or moved."""
+    s = session(tmp_path)
+    root = tmp_path / "runs" / "suites" / "placements-12l"
+    h100 = carried_run(root, "prenorm-12l", "cpu-lr0.001-wf0.25-seed0", "h100")
+    mine = carried_run(root, "prenorm-12l", "cpu-lr0.002-wf0.25-seed0", "h200")
+    assert gpu_session.device_reference(s, "placements-12l") is None  # no CUDA here: no probe
+    gpu_session.set_aside_other_arithmetic(s, root, None)
+    assert h100.is_dir() and capsys.readouterr().out == ""
+    gpu_session.set_aside_other_arithmetic(s, root, "h200")
+    said = capsys.readouterr().out
+    assert "1 carried run(s) of placements-12l computed in another arithmetic (h100 (1)) than this GPU's (h200)" in said
+    assert not h100.exists() and mine.is_dir() and run_files.finished_runs(root) == [mine]
+    aside = root.with_name("placements-12l.other-arithmetic") / "prenorm-12l" / "cpu-lr0.001-wf0.25-seed0"
+    assert (aside / "manifest.json").is_file()
+
+
 GRANDCHILD = """
 import signal, subprocess, sys, time
 saver = '''
