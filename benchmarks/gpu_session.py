@@ -693,19 +693,19 @@ def device_reference(s: Session, suite: str) -> str | None:
     """This GPU's reference fingerprint at the suite's profile, as the suite's runs compute (fp32, TF32 off:
     ``python -m resnorm_lm.train.arithmetic --device cuda``), probed once a profile; None without CUDA (the dry
     run: its CPU runs carry no other GPU's) or where the probe fails (said)."""
+    from resnorm_lm.analysis.reuse import arithmetic_probe
     from resnorm_lm.analysis.suite import load
 
     if not s.cuda:
         return None
     spec = load(suite)
     if spec.profile not in s.references:
-        env = spec.environment({**s.env, TF32_ENV: "off"})
-        cmd = [s.py, "-m", "resnorm_lm.train.arithmetic", "--profile", spec.profile, "--device", "cuda", "--json"]
-        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-        if done.returncode != 0:
-            s.say(f"=== suite: the arithmetic probe failed (exit {done.returncode}); carried runs kept as they are")
+        try:
+            probe = arithmetic_probe(spec, [], "cuda", env={**s.env, TF32_ENV: "off"})
+        except RuntimeError as err:
+            s.say(f"=== suite: {err}; carried runs kept as they are")
             return None
-        s.references[spec.profile] = json.loads(done.stdout.strip().splitlines()[-1])["reference"]
+        s.references[spec.profile] = probe["reference"]
     return s.references[spec.profile]
 
 

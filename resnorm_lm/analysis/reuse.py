@@ -120,11 +120,13 @@ def machine_fingerprints(suite: Suite, recipes: list[str], device: str = "cpu") 
     }
 
 
-def arithmetic_probe(suite: Suite, recipes: list[str], device: str = "cpu") -> dict[str, Any]:
-    """``python -m resnorm_lm.train.arithmetic --json`` at the suite's profile, in its arithmetic, on ``device``:
-    the reference fingerprint and each recipe's model fingerprint (a process of its own: the kernel caps are read
-    when the libraries load)."""
-    env = suite.environment(os.environ)
+def arithmetic_probe(
+    suite: Suite, recipes: list[str], device: str = "cpu", env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """``python -m resnorm_lm.train.arithmetic --json`` at the suite's profile, in its arithmetic over ``env``
+    (this process's by default), on ``device``: the reference fingerprint and each recipe's model fingerprint (a
+    process of its own: the kernel caps are read when the libraries load)."""
+    env = suite.environment(os.environ if env is None else env)
     cmd = [sys.executable, "-m", "resnorm_lm.train.arithmetic", "--profile", suite.profile, "--json"]
     cmd += ["--device", device]
     done = subprocess.run([*cmd, "--recipes", *recipes], cwd=working_root(), env=env, capture_output=True, text=True)
