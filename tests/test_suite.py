@@ -440,7 +440,13 @@ def test_progress_says_the_time_left_at_each_recipes_own_pace(tmp_path, recipes,
     assert "5 runs finished, 0 training, 11 more wanted now (at most 34 in all)" in line
     assert "about 20 min for those" in line  # (5 x 110 + 6 x 300) / 2 = 1175 s
     assert "at most 50 min (2 at a time" in line  # ((17 - 3) x 110 + (17 - 2) x 300) / 2 = 3020 s
-    assert "over 4 finished full-length runs" in line
+    assert "over 4 finished full-length runs)" in line  # every recipe timed: no guess named
+    progress.say(dict(list(outcomes.items())[:3]), [], todo)
+    line = capsys.readouterr().out
+    assert "b-12l not timed yet, counted at the others' median)" in line  # b's one run not among the three
+    assert "about 10 min for those" in line  # 11 x 110 / 2 = 605 s
+    progress.say(outcomes, [], todo)
+    capsys.readouterr()
     progress.say(outcomes, [], todo)
     assert capsys.readouterr().out == ""  # said once until the counts change
 
