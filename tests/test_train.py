@@ -95,6 +95,7 @@ def test_profile_auto_picks_cpu_here_and_says_so(capsys):
         ("--trainer.max_steps=many", "max_steps"),
         ("--model.arch.placement=peri", "unknown placement 'peri'"),
         ("--model.arch.n_head=5", r"n_embd \(32\) must be divisible by n_head \(5\)"),
+        ('--model.optim.lr_multipliers={"*.quer": 0.1}', r"no parameter's name matches '\*\.quer'"),
     ],
 )
 def test_bad_config_fails_before_any_work(override, message, tmp_path, smoke_corpus, capsys):
@@ -120,6 +121,37 @@ def test_weight_decay_only_on_matrices():
     assert "wte.weight" in {names[id(p)] for p in decay["params"]}
     assert any(names[id(p)].endswith(".alpha") for p in no_decay["params"])  # ReZero's gates
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+def test_lr_multipliers_give_the_matched_parameters_a_fraction_of_every_step_on_the_same_schedule():
+    """AttnRes's depth queries at a tenth of the LR: their own group, the same decay rule, the same schedule; the
+    rest exactly as without the option; a pattern that matches nothing fails and names what the names look like."""
+    from resnorm_lm.model.gpt import GPT, GPTConfig
+    from resnorm_lm.train.optim import OptimConfig, build_optimizer, parameter_groups
+
+    model = GPT(GPTConfig(vocab_size=64, block_size=8, n_layer=2, n_head=2, n_embd=16, placement="attnres"))
+    names = {id(p): n for n, p in model.named_parameters()}
+    plain = parameter_groups(model, 0.1)
+    cfg = OptimConfig(lr=4e-3, schedule="wsd", warmup_fraction=0.25, lr_multipliers={"*.query": 0.1})
+    optimizer, schedule = build_optimizer(model, cfg, max_steps=8)
+    groups = optimizer.param_groups
+    assert [names[id(p)] for p in groups[0]["params"]] == [names[id(p)] for p in plain[0]["params"]]
+    queries = groups[2]["params"]
+    assert sorted(names[id(p)] for p in queries) == sorted(n for n in names.values() if n.endswith(".query"))
+    assert len(queries) == 4 and groups[2]["weight_decay"] == 0.0  # 3 sublayers' and the readout's; 1-D
+    assert {names[id(p)] for p in groups[1]["params"]} == {names[id(p)] for p in plain[1]["params"]} - {
+        names[id(p)] for p in queries
+    }
+    for _ in range(3):
+        optimizer.step()
+        schedule.step()
+        assert groups[2]["lr"] == pytest.approx(0.1 * groups[0]["lr"]) and groups[0]["lr"] > 0
+    with pytest.raises(ValueError, match=r"no parameter's name matches '\*\.queries'.*wte\.weight"):
+        parameter_groups(model, 0.1, 4e-3, {"*.queries": 0.1})
+    with pytest.raises(ValueError, match=r"must be > 0"):
+        OptimConfig(lr_multipliers={"*.query": 0.0})
+    unchanged = build_optimizer(model, OptimConfig(lr=4e-3), max_steps=8)[0].param_groups
+    assert len(unchanged) == 2 and unchanged[0]["lr"] == unchanged[1]["lr"]  # without it: the two groups, one LR
 
 
 # ---------------------------------------------------------------- a run and its outputs

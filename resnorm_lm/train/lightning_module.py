@@ -32,7 +32,7 @@ from resnorm_lm.train.diagnostics import (
     grad_norms,
 )
 from resnorm_lm.train.divergence import DivergenceConfig, DivergenceGuard, LossWindow, ReadVerdicts
-from resnorm_lm.train.optim import OptimConfig, build_optimizer
+from resnorm_lm.train.optim import OptimConfig, build_optimizer, parameter_groups
 from resnorm_lm.train.resume import arch_differences
 
 
@@ -139,6 +139,8 @@ class LanguageModel(L.LightningModule):
         with torch.random.fork_rng(devices=[], enabled=init_seed is not None):
             torch.manual_seed(init_seed) if init_seed is not None else None  # the run's RNG stream untouched
             self.model = GPT(self.arch)
+        if optim.lr_multipliers:  # a pattern that matches no parameter fails here, before any data is prepared
+            parameter_groups(self.model, optim.weight_decay, optim.lr, optim.lr_multipliers)
         if init_from is not None:
             self.model.load_state_dict(exported_weights(init_from, self.arch))
         self.stream_rms = StreamRMS(self.model)  # read in the training forward of logging steps

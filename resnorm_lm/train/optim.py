@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import math
 from dataclasses import dataclass
 
@@ -29,10 +30,16 @@ class OptimConfig:
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
+    # {name pattern: factor}: the parameters whose names match (fnmatch, e.g. "*.query") train at factor x lr, on
+    # the same schedule; None: every parameter at lr. A probe's knob, never a recipe's default.
+    lr_multipliers: dict[str, float] | None = None
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
             raise ValueError(f"optim.lr must be > 0, got {self.lr}")
+        for pattern, factor in (self.lr_multipliers or {}).items():
+            if not factor > 0:
+                raise ValueError(f"optim.lr_multipliers[{pattern!r}] must be > 0 (a factor of lr), got {factor}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         schedule = SCHEDULES.get(self.schedule)
@@ -67,12 +74,20 @@ class OptimConfig:
             raise ValueError(f"optim.eps must be > 0 (it keeps AdamW's update finite), got {self.eps}")
 
 
-def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+def parameter_groups(
+    model: nn.Module, weight_decay: float, lr: float | None = None, lr_multipliers: dict[str, float] | None = None
+) -> list[dict]:
     """Decay the matrices of linear layers and the token embedding (tied to the LM head);
     not norms, biases, scalars (ReZero gates, DyT alpha), the position table, whose
     rows for late positions are rarely updated early in training, or the static parts of
-    hyper-connections (``static_*``: their paper, arXiv 2409.19606 section 4, decays only the dynamic ones)."""
-    decay, no_decay = [], []
+    hyper-connections (``static_*``: their paper, arXiv 2409.19606 section 4, decays only the dynamic ones).
+
+    With ``lr_multipliers`` ({fnmatch pattern of a parameter's name: factor}), the parameters a pattern matches
+    (the first that does) get groups of their own at factor x ``lr``; a pattern that matches nothing is an error."""
+    lr_multipliers = lr_multipliers or {}
+    if lr_multipliers and lr is None:
+        raise ValueError("parameter_groups: lr_multipliers need the base lr")
+    groups: dict[tuple[bool, str | None], list[nn.Parameter]] = {(True, None): [], (False, None): []}
     seen: set[int] = set()
     for name, p in model.named_parameters():
         if id(p) in seen or not p.requires_grad:
@@ -80,11 +95,23 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
         seen.add(id(p))
         parts = name.split(".")
         is_matrix = p.ndim >= 2 and "wpe" not in parts and not parts[-1].startswith("static_")
-        (decay if is_matrix else no_decay).append(p)
-    return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
+        pattern = next((pat for pat in lr_multipliers if fnmatch.fnmatchcase(name, pat)), None)
+        groups.setdefault((is_matrix, pattern), []).append(p)
+    unmatched = [pat for pat in lr_multipliers if not any(key[1] == pat for key in groups)]
+    if unmatched:
+        names = ", ".join(name for name, _ in model.named_parameters())
+        raise ValueError(
+            f"optim.lr_multipliers: no parameter's name matches {', '.join(map(repr, unmatched))} (fnmatch "
+            f"patterns over names such as {names[:300]}...)"
+        )
+    out = []
+    for (is_matrix, pattern), params in groups.items():
+        group = {"params": params, "weight_decay": weight_decay if is_matrix else 0.0}
+        if pattern is not None:
+            group["lr"] = lr * lr_multipliers[pattern]
+        if params or pattern is None:  # the two plain groups always, as before
+            out.append(group)
+    return out
 
 
 FUSED_ADAMW_DEVICES = ("cuda", "cpu")  # where torch has a fused AdamW kernel
@@ -104,7 +131,7 @@ def build_optimizer(
     if fused is None:
         fused = all(p.device.type in FUSED_ADAMW_DEVICES for p in model.parameters())
     optimizer = torch.optim.AdamW(
-        parameter_groups(model, cfg.weight_decay),
+        parameter_groups(model, cfg.weight_decay, cfg.lr, cfg.lr_multipliers),
         lr=cfg.lr,
         betas=(cfg.beta1, cfg.beta2),
         eps=cfg.eps,
