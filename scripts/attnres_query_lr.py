@@ -6,9 +6,10 @@ pre-norm's reads their sum), so what separates the two is what the queries learn
 and 8e-3 (docs/designs.md, "AttnRes so far"). AdamW moves the queries from zero at the full LR, undecayed. This
 probe trains, at the same protocol as the suites (recipes/suites/designs-12l.yaml, the portable arithmetic, a
 quarter of the run as warmup, seed 0), three arms at each LR: pre-norm, AttnRes, and AttnRes with its queries at
-a tenth of the LR (``--model.optim.lr_multipliers={"*.query": 0.1}``, the same schedule). If the queries' LR is
-the cause, the third arm closes the late gap. One seed an arm: a first look, in this machine's arithmetic, paired
-only with its own pre-norm.
+a tenth of the LR (``--model.optim.lr_multipliers={"*.query": 0.1}``, the same schedule), and the control: AttnRes
+with its queries frozen at zero (factor 0), which is pre-norm but for the eps and should end where pre-norm does.
+If what the queries learn is the cause, the frozen arm has no late gap and the slowed one a smaller gap. One seed
+an arm: a first look, in this machine's arithmetic, paired only with its own pre-norm.
 
     python scripts/attnres_query_lr.py train [--lrs 0.008 0.004] [--jobs 1] [--root runs/attnres-query-lr]
     python scripts/attnres_query_lr.py table [--root runs/attnres-query-lr] [--export docs/results/attnres-query-lr]
@@ -32,21 +33,19 @@ from resnorm_lm.train.runs import RunDir, copy_small_files
 
 SUITE = "designs-12l"  # whose protocol (its `train:` section) every arm trains with
 WARMUP, SEED = "0.25", 0
-QUERY_FACTOR = 0.1
-ARMS = {  # arm: (recipe, extra fit arguments)
-    "pre-norm": ("prenorm-12l", []),
-    "AttnRes": ("attnres-12l", []),
-    f"AttnRes, queries at {QUERY_FACTOR:g} x LR": (
-        "attnres-12l",
-        [f'--model.optim.lr_multipliers={{"*.query": {QUERY_FACTOR}}}'],
-    ),
+ARMS = {  # arm: (recipe, the factor of the LR its depth queries train at; None: no option, the LR itself)
+    "pre-norm": ("prenorm-12l", None),
+    "AttnRes": ("attnres-12l", None),
+    "AttnRes, queries at 0.1 x LR": ("attnres-12l", 0.1),
+    "AttnRes, queries frozen at zero": ("attnres-12l", 0.0),
 }
 MIDDLE_STEP = 249  # the suites' middle evaluation (val_check_interval 250)
 
 
 def arm_root(root: Path, arm: str) -> Path:
     """The arm's own root: ``fit`` puts its run at <root>/<recipe>/cpu-lr<lr>-wf<warmup>-seed<seed>."""
-    return root / f"query{QUERY_FACTOR:g}" if ARMS[arm][1] else root / "plain"
+    factor = ARMS[arm][1]
+    return root / "plain" if factor is None else root / f"query{factor:g}"
 
 
 def arm_run(root: Path, arm: str, lr: str) -> Path:
@@ -54,7 +53,8 @@ def arm_run(root: Path, arm: str, lr: str) -> Path:
 
 
 def fit_command(arm: str, lr: str, root: Path, resume: bool) -> list[str]:
-    recipe, extra = ARMS[arm]
+    recipe, factor = ARMS[arm]
+    extra = [] if factor is None else [f'--model.optim.lr_multipliers={{"*.query": {factor}}}']
     return [
         sys.executable,
         *("-m", "resnorm_lm", "fit", "--recipe", recipe, "--profile", "cpu", "--tuned", "none"),
@@ -86,9 +86,12 @@ def table(root: Path, lrs: list[str], export: Path | None) -> int:
     rows, trained = [], []
     for lr in lrs:
         runs = {arm: arm_run(root, arm, lr) for arm in ARMS}
-        if any(RunDir(run).state() != "finished" for run in runs.values()):
-            print(f"lr {lr}: not every arm has finished; train first", file=sys.stderr)
+        unfinished = [arm for arm, run in runs.items() if RunDir(run).state() != "finished"]
+        if unfinished:
+            print(f"lr {lr}: not finished, left out (train first): {', '.join(unfinished)}", file=sys.stderr)
+        if "pre-norm" in unfinished:
             continue
+        runs = {arm: run for arm, run in runs.items() if arm not in unfinished}
         trained += runs.values()
         reference = {"middle": val_at(runs["pre-norm"], MIDDLE_STEP), "end": RunDir(runs["pre-norm"]).summary()}
         for arm, run in runs.items():
@@ -118,7 +121,7 @@ def table(root: Path, lrs: list[str], export: Path | None) -> int:
         copy_small_files(trained, root, export)
         with atomic_write(export / "attnres-query-lr.md", "w") as f:
             f.write(
-                "# AttnRes with its depth queries at a tenth of the LR: a first look\n\n"
+                "# AttnRes with its depth queries slowed and frozen: a first look\n\n"
                 "`python scripts/attnres_query_lr.py train` then `table --export docs/results/attnres-query-lr` "
                 "(the script's docstring says why).\n\n" + text
             )

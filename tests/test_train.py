@@ -148,10 +148,35 @@ def test_lr_multipliers_give_the_matched_parameters_a_fraction_of_every_step_on_
         assert groups[2]["lr"] == pytest.approx(0.1 * groups[0]["lr"]) and groups[0]["lr"] > 0
     with pytest.raises(ValueError, match=r"no parameter's name matches '\*\.queries'.*wte\.weight"):
         parameter_groups(model, 0.1, 4e-3, {"*.queries": 0.1})
-    with pytest.raises(ValueError, match=r"must be > 0"):
-        OptimConfig(lr_multipliers={"*.query": 0.0})
+    with pytest.raises(ValueError, match=r"must be >= 0"):
+        OptimConfig(lr_multipliers={"*.query": -0.1})
     unchanged = build_optimizer(model, OptimConfig(lr=4e-3), max_steps=8)[0].param_groups
     assert len(unchanged) == 2 and unchanged[0]["lr"] == unchanged[1]["lr"]  # without it: the two groups, one LR
+
+
+def test_an_lr_multiplier_of_zero_freezes_the_matched_parameters_and_nothing_else():
+    """AttnRes with its queries frozen at zero (the probe's control arm): they receive gradients at w = 0 (the logit
+    is w . RMSNorm(v)), and AdamW at factor 0 moves neither them nor, through weight decay, anything it should not."""
+    from resnorm_lm.model.gpt import GPT, GPTConfig
+    from resnorm_lm.train.optim import OptimConfig, build_optimizer
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=64, block_size=8, n_layer=2, n_head=2, n_embd=16, placement="attnres"))
+    cfg = OptimConfig(lr=4e-3, schedule="constant", warmup_fraction=0.0, lr_multipliers={"*.query": 0.0})
+    optimizer, _ = build_optimizer(model, cfg, max_steps=4)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    idx = torch.randint(0, 64, (2, 8))
+    for _ in range(3):
+        optimizer.zero_grad()
+        _, loss = model(idx[:, :-1], targets=idx[:, 1:])  # (B, T-1) tokens predict the next
+        loss.backward()
+        queries = [p for n, p in model.named_parameters() if n.endswith(".query")]
+        assert any(q.grad.abs().sum() > 0 for q in queries)  # gradients reach them: the freeze is the optimizer's
+        optimizer.step()
+    for name, p in model.named_parameters():
+        if name.endswith(".query"):
+            assert torch.equal(p, before[name]) and not p.any(), name
+    assert not torch.equal(model.wte.weight, before["wte.weight"])  # the rest trains at the full LR
 
 
 # ---------------------------------------------------------------- a run and its outputs

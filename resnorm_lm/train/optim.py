@@ -31,15 +31,17 @@ class OptimConfig:
     beta2: float = 0.95
     eps: float = 1e-8
     # {name pattern: factor}: the parameters whose names match (fnmatch, e.g. "*.query") train at factor x lr, on
-    # the same schedule; None: every parameter at lr. A probe's knob, never a recipe's default.
+    # the same schedule (0 freezes them); None: every parameter at lr. A probe's knob, never a recipe's default.
     lr_multipliers: dict[str, float] | None = None
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
             raise ValueError(f"optim.lr must be > 0, got {self.lr}")
         for pattern, factor in (self.lr_multipliers or {}).items():
-            if not factor > 0:
-                raise ValueError(f"optim.lr_multipliers[{pattern!r}] must be > 0 (a factor of lr), got {factor}")
+            if not factor >= 0:
+                raise ValueError(
+                    f"optim.lr_multipliers[{pattern!r}] must be >= 0 (a factor of lr; 0 freezes them), got {factor}"
+                )
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         schedule = SCHEDULES.get(self.schedule)
