@@ -5,14 +5,18 @@ pre-norm's reads their sum), so what separates the two is what the queries learn
 (EPYC, seed 0) AttnRes is level with pre-norm at the middle evaluation at every LR, and behind at the end at 4e-3
 and 8e-3 (docs/designs.md, "AttnRes so far"). AdamW moves the queries from zero at the full LR, undecayed. This
 probe trains, at the same protocol as the suites (recipes/suites/designs-12l.yaml, the portable arithmetic, a
-quarter of the run as warmup, seed 0), three arms at each LR: pre-norm, AttnRes, and AttnRes with its queries at
-a tenth of the LR (``--model.optim.lr_multipliers={"*.query": 0.1}``, the same schedule), and the control: AttnRes
-with its queries frozen at zero (factor 0), which is pre-norm but for the eps and should end where pre-norm does.
-If what the queries learn is the cause, the frozen arm has no late gap and the slowed one a smaller gap. One seed
-an arm: a first look, in this machine's arithmetic, paired only with its own pre-norm.
+quarter of the run as warmup, seed 0 unless told), four arms at each LR: pre-norm, AttnRes, AttnRes with its
+queries at a tenth of the LR (``--model.optim.lr_multipliers={"*.query": 0.1}``, the same schedule), and the
+control: AttnRes with its queries frozen at zero (factor 0), which computes pre-norm's function but for the eps
+and the order of additions, from the same weights on the same batches. The control measures how far apart two
+runs of one function end at one seed (a rounding-level difference grows at a high LR): a difference between arms
+smaller than that is not a result at one seed. Each seed's arms pair with that seed's pre-norm; with several
+seeds, the table adds the paired mean and its interval. In this machine's arithmetic only.
 
-    python scripts/attnres_query_lr.py train [--lrs 0.008 0.004] [--jobs 1] [--root runs/attnres-query-lr]
-    python scripts/attnres_query_lr.py table [--root runs/attnres-query-lr] [--export docs/results/attnres-query-lr]
+    python scripts/attnres_query_lr.py train [--lrs 0.008 0.004] [--seeds 0 1 2] [--jobs 1] [--root ROOT]
+    python scripts/attnres_query_lr.py table [--lrs ...] [--seeds ...] [--root ROOT] [--export DIR]
+
+(ROOT: runs/attnres-query-lr; the committed table: --export docs/results/attnres-query-lr.)
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import sys
 from pathlib import Path
 
 from resnorm_lm.analysis.block_measurements import markdown_table
+from resnorm_lm.analysis.evidence import interval_text, mean_interval
 from resnorm_lm.analysis.launchers import train_probe_runs
 from resnorm_lm.analysis.suite import load
 from resnorm_lm.data.cache import atomic_write
@@ -32,7 +37,7 @@ from resnorm_lm.train.arithmetic import PORTABLE_ENV
 from resnorm_lm.train.runs import RunDir, copy_small_files
 
 SUITE = "designs-12l"  # whose protocol (its `train:` section) every arm trains with
-WARMUP, SEED = "0.25", 0
+WARMUP = "0.25"
 ARMS = {  # arm: (recipe, the factor of the LR its depth queries train at; None: no option, the LR itself)
     "pre-norm": ("prenorm-12l", None),
     "AttnRes": ("attnres-12l", None),
@@ -48,17 +53,17 @@ def arm_root(root: Path, arm: str) -> Path:
     return root / "plain" if factor is None else root / f"query{factor:g}"
 
 
-def arm_run(root: Path, arm: str, lr: str) -> Path:
-    return arm_root(root, arm) / ARMS[arm][0] / f"cpu-lr{lr}-wf{WARMUP}-seed{SEED}"
+def arm_run(root: Path, arm: str, lr: str, seed: int = 0) -> Path:
+    return arm_root(root, arm) / ARMS[arm][0] / f"cpu-lr{lr}-wf{WARMUP}-seed{seed}"
 
 
-def fit_command(arm: str, lr: str, root: Path, resume: bool) -> list[str]:
+def fit_command(arm: str, lr: str, seed: int, root: Path, resume: bool) -> list[str]:
     recipe, factor = ARMS[arm]
     extra = [] if factor is None else [f'--model.optim.lr_multipliers={{"*.query": {factor}}}']
     return [
         sys.executable,
         *("-m", "resnorm_lm", "fit", "--recipe", recipe, "--profile", "cpu", "--tuned", "none"),
-        f"--seed_everything={SEED}",
+        f"--seed_everything={seed}",  # the data order too (data.seed follows it), as the suites' seed-k runs
         f"--run.root={arm_root(root, arm)}",
         f"--run.tag=lr{lr}-wf{WARMUP}",
         f"--model.optim.lr={lr}",
@@ -70,8 +75,13 @@ def fit_command(arm: str, lr: str, root: Path, resume: bool) -> list[str]:
     ]
 
 
-def train(root: Path, lrs: list[str], jobs: int) -> int:
-    runs = [(arm_run(root, arm, lr), functools.partial(fit_command, arm, lr, root)) for lr in lrs for arm in ARMS]
+def train(root: Path, lrs: list[str], seeds: list[int], jobs: int) -> int:
+    runs = [
+        (arm_run(root, arm, lr, seed), functools.partial(fit_command, arm, lr, seed, root))
+        for seed in seeds
+        for lr in lrs
+        for arm in ARMS
+    ]
     return train_probe_runs(runs, {**os.environ, **PORTABLE_ENV}, jobs, "attnres query lr")
 
 
@@ -82,40 +92,63 @@ def val_at(run: Path, step: int) -> float | None:
     return found[-1] if found else None
 
 
-def table(root: Path, lrs: list[str], export: Path | None) -> int:
+def losses(run: Path) -> dict[str, float]:
+    """The run's validation loss at the middle evaluation and at the end."""
+    return {"middle": val_at(run, MIDDLE_STEP), "end": RunDir(run).summary()["val_loss"]}
+
+
+def table(root: Path, lrs: list[str], seeds: list[int], export: Path | None) -> int:
     rows, trained = [], []
+    deltas: dict[tuple[str, str], dict[int, float]] = {}  # (lr, arm): {seed: end minus pre-norm's end}
     for lr in lrs:
-        runs = {arm: arm_run(root, arm, lr) for arm in ARMS}
-        unfinished = [arm for arm, run in runs.items() if RunDir(run).state() != "finished"]
-        if unfinished:
-            print(f"lr {lr}: not finished, left out (train first): {', '.join(unfinished)}", file=sys.stderr)
-        if "pre-norm" in unfinished:
-            continue
-        runs = {arm: run for arm, run in runs.items() if arm not in unfinished}
-        trained += runs.values()
-        reference = {"middle": val_at(runs["pre-norm"], MIDDLE_STEP), "end": RunDir(runs["pre-norm"]).summary()}
-        for arm, run in runs.items():
-            middle, end = val_at(run, MIDDLE_STEP), RunDir(run).summary()["val_loss"]
-            rows.append(
-                {
-                    "lr": lr,
-                    "arm": arm,
-                    f"val loss, step {MIDDLE_STEP}": f"{middle:.3f}",
-                    "val loss, end": f"{end:.3f}",
-                    f"Δ pre-norm, step {MIDDLE_STEP}": f"{middle - reference['middle']:+.3f}",
-                    "Δ pre-norm, end": f"{end - reference['end']['val_loss']:+.3f}",
-                    f"gain from step {MIDDLE_STEP} to the end": f"{middle - end:.3f}",
-                }
-            )
+        for seed in seeds:
+            runs = {arm: arm_run(root, arm, lr, seed) for arm in ARMS}
+            unfinished = [arm for arm, run in runs.items() if RunDir(run).state() != "finished"]
+            if unfinished:
+                print(
+                    f"lr {lr}, seed {seed}: not finished, left out (train first): {', '.join(unfinished)}",
+                    file=sys.stderr,
+                )
+            if "pre-norm" in unfinished:
+                continue
+            runs = {arm: run for arm, run in runs.items() if arm not in unfinished}
+            trained += runs.values()
+            reference = losses(runs["pre-norm"])
+            for arm, run in runs.items():
+                loss = losses(run)
+                deltas.setdefault((lr, arm), {})[seed] = loss["end"] - reference["end"]
+                rows.append(
+                    {
+                        "lr": lr,
+                        "seed": seed,
+                        "arm": arm,
+                        f"val loss, step {MIDDLE_STEP}": f"{loss['middle']:.3f}",
+                        "val loss, end": f"{loss['end']:.3f}",
+                        f"Δ pre-norm, step {MIDDLE_STEP}": f"{loss['middle'] - reference['middle']:+.3f}",
+                        "Δ pre-norm, end": f"{loss['end'] - reference['end']:+.3f}",
+                        f"gain from step {MIDDLE_STEP} to the end": f"{loss['middle'] - loss['end']:.3f}",
+                    }
+                )
     if not rows:
         return 1
     machines = sorted({RunDir(run).manifest()["hardware"]["cpu"] for run in trained})
     text = (
-        f"Seed {SEED}, a quarter of the run as warmup, the protocol of suite `{SUITE}`, the portable arithmetic "
-        f"({', '.join(machines)}). One seed an arm: no interval; Δ is against this table's own pre-norm run.\n\n"
-        + markdown_table(rows)
-        + "\n"
+        "A quarter of the run as warmup, the protocol of suite "
+        f"`{SUITE}`, the portable arithmetic ({', '.join(machines)}). Δ is against the same seed's pre-norm run "
+        "of this table.\n\n" + markdown_table(rows) + "\n"
     )
+    paired = [
+        {
+            "lr": lr,
+            "arm": arm,
+            "seeds": len(by_seed),
+            "Δ pre-norm at the end, paired by seed": interval_text(mean_interval(list(by_seed.values())), sign=True),
+        }
+        for (lr, arm), by_seed in deltas.items()
+        if arm != "pre-norm" and len(by_seed) >= 2
+    ]
+    if paired:
+        text += "\nPaired by seed (mean ± 95% t interval over the seeds):\n\n" + markdown_table(paired) + "\n"
     print(text)
     if export is not None:
         copy_small_files(trained, root, export)
@@ -133,12 +166,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("what", choices=["train", "table"])
     parser.add_argument("--root", type=Path, default=Path("runs/attnres-query-lr"))
     parser.add_argument("--lrs", nargs="+", default=["0.008"], help="peak LRs, written as the suites write them")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0], help="each arm at each of these seeds")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--export", type=Path, help="table: also copy each run's small files and the table here")
     args = parser.parse_args(argv)
     if args.what == "train":
-        return train(args.root.resolve(), args.lrs, args.jobs)
-    return table(args.root.resolve(), args.lrs, args.export)
+        return train(args.root.resolve(), args.lrs, args.seeds, args.jobs)
+    return table(args.root.resolve(), args.lrs, args.seeds, args.export)
 
 
 if __name__ == "__main__":
