@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 from resnorm_lm.analysis.block_measurements import markdown_table
-from resnorm_lm.analysis.evidence import interval_text, mean_interval
+from resnorm_lm.analysis.evidence import interval_text, paired_difference
 from resnorm_lm.analysis.launchers import train_probe_runs
 from resnorm_lm.analysis.suite import load
 from resnorm_lm.data.cache import atomic_write
@@ -99,7 +99,7 @@ def losses(run: Path) -> dict[str, float]:
 
 def table(root: Path, lrs: list[str], seeds: list[int], export: Path | None) -> int:
     rows, trained = [], []
-    deltas: dict[tuple[str, str], dict[int, float]] = {}  # (lr, arm): {seed: end minus pre-norm's end}
+    ends: dict[tuple[str, str], dict[int, float]] = {}  # (lr, arm): {seed: validation loss at the end}
     for lr in lrs:
         for seed in seeds:
             runs = {arm: arm_run(root, arm, lr, seed) for arm in ARMS}
@@ -116,7 +116,7 @@ def table(root: Path, lrs: list[str], seeds: list[int], export: Path | None) -> 
             reference = losses(runs["pre-norm"])
             for arm, run in runs.items():
                 loss = losses(run)
-                deltas.setdefault((lr, arm), {})[seed] = loss["end"] - reference["end"]
+                ends.setdefault((lr, arm), {})[seed] = loss["end"]
                 rows.append(
                     {
                         "lr": lr,
@@ -142,9 +142,11 @@ def table(root: Path, lrs: list[str], seeds: list[int], export: Path | None) -> 
             "lr": lr,
             "arm": arm,
             "seeds": len(by_seed),
-            "Δ pre-norm at the end, paired by seed": interval_text(mean_interval(list(by_seed.values())), sign=True),
+            "Δ pre-norm at the end, paired by seed": interval_text(
+                paired_difference(by_seed, ends[(lr, "pre-norm")]), sign=True
+            ),
         }
-        for (lr, arm), by_seed in deltas.items()
+        for (lr, arm), by_seed in ends.items()
         if arm != "pre-norm" and len(by_seed) >= 2
     ]
     if paired:
