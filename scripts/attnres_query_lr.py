@@ -15,8 +15,13 @@ seeds, the table adds the paired mean and its interval. In this machine's arithm
 
     python scripts/attnres_query_lr.py train [--lrs 0.008 0.004] [--seeds 0 1 2] [--jobs 1] [--root ROOT]
     python scripts/attnres_query_lr.py table [--lrs ...] [--seeds ...] [--root ROOT] [--export DIR]
+    python scripts/attnres_query_lr.py depth [--lrs ...] [--seeds ...] [--root ROOT] [--export DIR]
 
-(ROOT: runs/attnres-query-lr; the committed table: --export docs/results/attnres-query-lr.)
+(ROOT: runs/attnres-query-lr; the committed table: --export docs/results/attnres-query-lr.) ``depth`` sets the
+arms' balance across depth side by side, the AttnRes paper's claim of "more uniform output magnitudes and gradient
+distribution across depth" (arXiv 2603.15031): what each block adds to the stream (first and last block,
+``resnorm-lm layer-contribution``), each block's gradient norm at the end of training (``block-ratio``), and where
+the readout's input comes from (``depth-weights``). It needs the runs' checkpoints (the training machine's).
 """
 
 from __future__ import annotations
@@ -28,12 +33,20 @@ import os
 import sys
 from pathlib import Path
 
-from resnorm_lm.analysis.block_measurements import markdown_table
+from resnorm_lm.analysis.block_measurements import (
+    DEFAULT_TOKENS,
+    contribution_summary,
+    markdown_table,
+    run_contribution,
+)
+from resnorm_lm.analysis.depth_balance import at_end, ratio_trace
+from resnorm_lm.analysis.depth_weights import readers_of
 from resnorm_lm.analysis.evidence import interval_text, paired_difference
 from resnorm_lm.analysis.launchers import train_probe_runs
 from resnorm_lm.analysis.suite import load
-from resnorm_lm.data.cache import atomic_write
+from resnorm_lm.data.cache import atomic_write, write_csv_atomic
 from resnorm_lm.train.arithmetic import PORTABLE_ENV
+from resnorm_lm.train.diagnostics import GRAD_NORMS
 from resnorm_lm.train.runs import RunDir, copy_small_files
 
 SUITE = "designs-12l"  # whose protocol (its `train:` section) every arm trains with
@@ -163,9 +176,70 @@ def table(root: Path, lrs: list[str], seeds: list[int], export: Path | None) -> 
     return 0
 
 
+def readout_share_of_late_blocks(run: Path) -> float:
+    """The share of the readout's input magnitude that comes from the second half of the blocks' sublayers
+    (``depth-weights``' magnitude shares summed over them): the queries at zero read the uniform average, pre-norm's
+    stream, so the frozen arm gives pre-norm's share and the learned arms say where their readout moved."""
+    readers, _ = readers_of(run, DEFAULT_TOKENS)
+    readout = next(r for r in readers if r.name == "readout")
+    blocks = (len(readout.sources) - 1) // 2
+    late = {f"block {b} {s}" for b in range(blocks // 2, blocks) for s in ("attention", "MLP")}
+    return sum(share for source, share in zip(readout.sources, readout.shares) if source in late)
+
+
+def depth(root: Path, lrs: list[str], seeds: list[int], export: Path | None) -> int:
+    """The finished arms' balance across depth at their final weights (the module's docstring)."""
+    rows = []
+    for lr in lrs:
+        for seed in seeds:
+            for arm, (recipe, _) in ARMS.items():
+                run = arm_run(root, arm, lr, seed)
+                if RunDir(run).state() != "finished" or not RunDir(run).has_checkpoint():
+                    print(f"lr {lr}, seed {seed}, {arm}: not finished or no last.ckpt here, left out", file=sys.stderr)
+                    continue
+                update = contribution_summary(run, run_contribution(run, DEFAULT_TOKENS))
+                grad = at_end(ratio_trace(run, GRAD_NORMS))
+                late = readout_share_of_late_blocks(run) if recipe == "attnres-12l" else None
+                rows.append(
+                    {
+                        "lr": lr,
+                        "seed": seed,
+                        "arm": arm,
+                        "update RMS, first block": f"{update['update_first']:.3g}",
+                        "last block": f"{update['update_last']:.3g}",
+                        "last / first": f"{update['update_last_over_first']:.2f}",
+                        "largest / smallest": f"{update['update_max_over_min']:.2f}",
+                        "gradient, last / first, at the end": f"{grad:.3f}",
+                        "readout's input from the second half of the blocks": "-" if late is None else f"{late:.2f}",
+                    }
+                )
+    if not rows:
+        return 1
+    text = (
+        f"At each run's final weights, on the first {DEFAULT_TOKENS:,} validation targets. Update RMS: what a block "
+        "adds to the stream (its two sublayers' outputs), `resnorm-lm layer-contribution`. Gradient: the norm of the "
+        "last block's weight matrices' gradient over the first's, the mean over the logged steps of the last 10% of "
+        "the run (`grad_norm/layer_XX` in metrics.csv). Readout's input: the share of the readout's input magnitude "
+        "(weight times the value's RMS, `resnorm-lm depth-weights`) from the sublayers of the second half of the "
+        "blocks (6-11 of 12); the frozen arm reads the uniform average, pre-norm's stream.\n\n"
+        + markdown_table(rows)
+        + "\n"
+    )
+    print(text)
+    if export is not None:
+        write_csv_atomic(export / "depth.csv", rows)
+        with atomic_write(export / "depth.md", "w") as f:
+            f.write(
+                "# AttnRes's probe arms across depth\n\n"
+                "`python scripts/attnres_query_lr.py depth --export docs/results/attnres-query-lr` (the script's "
+                "docstring says why), on the machine that trained the runs (their checkpoints).\n\n" + text
+            )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["train", "table"])
+    parser.add_argument("what", choices=["train", "table", "depth"])
     parser.add_argument("--root", type=Path, default=Path("runs/attnres-query-lr"))
     parser.add_argument("--lrs", nargs="+", default=["0.008"], help="peak LRs, written as the suites write them")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0], help="each arm at each of these seeds")
@@ -174,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.what == "train":
         return train(args.root.resolve(), args.lrs, args.seeds, args.jobs)
+    if args.what == "depth":
+        return depth(args.root.resolve(), args.lrs, args.seeds, args.export)
     return table(args.root.resolve(), args.lrs, args.seeds, args.export)
 
 

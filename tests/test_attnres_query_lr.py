@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 from pathlib import Path
@@ -67,3 +68,38 @@ def test_without_pre_norm_there_is_no_table(probe, tmp_path, capsys):
     shutil.copytree(COMMITTED / "query0.1", root / "query0.1")
     assert probe.table(root, ["0.008"], [0], None) == 1
     assert "pre-norm" in capsys.readouterr().err
+
+
+def test_depth_sets_each_arms_update_gradient_and_readout_balance_side_by_side(probe, recipe_run, tmp_path, capsys):
+    from resnorm_lm.analysis.depth_balance import at_end, ratio_trace
+    from resnorm_lm.train.diagnostics import GRAD_NORMS
+
+    root = tmp_path / "runs"
+    frozen = "AttnRes, queries frozen at zero"
+    for arm, (recipe, _) in probe.ARMS.items():  # 2-step smoke runs stand in for the arms; the frozen one missing
+        if arm != frozen:
+            shutil.copytree(recipe_run(recipe), probe.arm_run(root, arm, "0.008"))
+    assert probe.depth(root, ["0.008"], [0], tmp_path / "export") == 0
+    captured = capsys.readouterr()
+    assert f"lr 0.008, seed 0, {frozen}: not finished or no last.ckpt here, left out" in captured.err
+    rows = {row["arm"]: row for row in csv.DictReader((tmp_path / "export" / "depth.csv").open())}
+    assert sorted(rows) == sorted(set(probe.ARMS) - {frozen})
+    late = "readout's input from the second half of the blocks"
+    assert rows["pre-norm"][late] == "-" and 0.0 <= float(rows["AttnRes"][late]) <= 1.0
+    for arm, row in rows.items():
+        run = probe.arm_run(root, arm, "0.008")
+        measured = json.loads((run / "layer_contribution.json").read_text())["update_rms"]  # cached by the call
+        assert row["last / first"] == f"{measured[-1] / measured[0]:.2f}"
+        assert row["gradient, last / first, at the end"] == f"{at_end(ratio_trace(run, GRAD_NORMS)):.3f}"
+    assert "# AttnRes's probe arms across depth" in (tmp_path / "export" / "depth.md").read_text()
+
+
+def test_the_readouts_late_share_sums_the_second_half_of_the_blocks_sublayers(probe, monkeypatch):
+    from resnorm_lm.analysis.depth_weights import Reader
+
+    sources = ["embeddings"] + [f"block {b} {s}" for b in range(4) for s in ("attention", "MLP")]  # 4 blocks
+    shares = [0.2, 0.1, 0.1, 0.05, 0.05, 0.1, 0.1, 0.2, 0.1]  # blocks 2 and 3: 0.1 + 0.1 + 0.2 + 0.1
+    other = Reader("block 3 MLP", sources[:-1], [1 / 8] * 8, [1 / 8] * 8)
+    readout = Reader("readout", sources, [1 / 9] * 9, shares)
+    monkeypatch.setattr(probe, "readers_of", lambda run, tokens: ([other, readout], 500))
+    assert probe.readout_share_of_late_blocks(Path("any")) == pytest.approx(0.5)

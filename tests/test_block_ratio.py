@@ -27,6 +27,12 @@ def test_the_ratio_is_last_over_first_block_at_every_logged_step(tmp_path):
     run = write_run(tmp_path / "run", [(0, norms[0]), (10, norms[1]), (20, norms[2])])
     r = BlockRatio.of(run, "grad_norm", above=10)
     assert (r.first, r.peak, r.peak_step, r.steps_above, r.logged_steps, r.last) == (3.0, 200.0, 10, 1, 3, 2.0)
+    assert r.end == 2.0  # the last 10% of 20 steps holds step 20 only
+
+
+def test_at_the_end_is_the_mean_of_the_ratios_logged_over_the_last_tenth_of_the_steps(tmp_path):
+    steps = [(s, [1.0, float(s)]) for s in range(0, 101, 5)]  # ratio = step; the last 10%: steps 90, 95, 100
+    assert BlockRatio.of(write_run(tmp_path / "run", steps), "grad_norm", above=10).end == 95.0
 
 
 def test_the_stream_metric_is_read_from_its_own_columns(tmp_path):
@@ -46,7 +52,8 @@ def test_the_command_prints_and_writes_a_row_per_run_and_refuses_a_folder_withou
     assert block_ratio_main([str(a), str(b), "--above", "3", "--csv", str(tmp_path / "out.csv")]) == 0
     out = capsys.readouterr().out
     assert (
-        f"| {a} | 1.00 | 20.00 (10) | 1 of 2 | 20.00 |" in out and f"| {b} | 4.00 | 4.00 (0) | 1 of 1 | 4.00 |" in out
+        f"| {a} | 1.00 | 20.00 (10) | 1 of 2 | 20.00 | 20.00 |" in out
+        and f"| {b} | 4.00 | 4.00 (0) | 1 of 1 | 4.00 | 4.00 |" in out
     )
     rows = list(csv.DictReader((tmp_path / "out.csv").open()))
     assert [(row["metric"], float(row["peak"]), row["peak_step"]) for row in rows] == [

@@ -82,7 +82,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from resnorm_lm.analysis.depth_balance import TINY, ratio_trace
+from resnorm_lm.analysis.depth_balance import TAIL, TINY, at_end, ratio_trace
 from resnorm_lm.data.cache import atomic_write, write_csv_atomic, write_json_atomic
 from resnorm_lm.model.block import Stream
 from resnorm_lm.model.gpt import GPT, GPTConfig
@@ -408,6 +408,7 @@ class BlockRatio:
     steps_above: int  # logged steps whose ratio exceeds the threshold
     logged_steps: int
     last: float  # at the last logged step
+    end: float  # the mean over the logged steps of the run's last TAIL (the suite table's "at the end")
 
     @classmethod
     def of(cls, run_dir: Path, metric: str, above: float) -> BlockRatio:
@@ -419,20 +420,21 @@ class BlockRatio:
             raise ValueError(f"{run_dir}: metrics.csv logs no per-block {metric} ({prefix}XX)")
         peak_step, peak = max(ratios, key=lambda r: r[1])
         above_count = sum(ratio > above for _, ratio in ratios)
-        return cls(run_dir, ratios[0][1], peak, peak_step, above_count, len(ratios), ratios[-1][1])
+        return cls(run_dir, ratios[0][1], peak, peak_step, above_count, len(ratios), ratios[-1][1], at_end(ratios))
 
 
 def table(ratios: list[BlockRatio], metric: str, above: float) -> str:
     lines = [
         f"{metric}, last block over first:",
         "",
-        f"| run | first logged step | peak (step) | logged steps above {above:g} | last logged step |",
-        "|---|---|---|---|---|",
+        f"| run | first logged step | peak (step) | logged steps above {above:g} | last logged step | "
+        f"at the end (mean over the last {TAIL:.0%} of steps) |",
+        "|---|---|---|---|---|---|",
     ]
     for r in ratios:
         lines.append(
             f"| {r.run} | {r.first:.2f} | {r.peak:.2f} ({r.peak_step}) | {r.steps_above} of "
-            f"{r.logged_steps} | {r.last:.2f} |"
+            f"{r.logged_steps} | {r.last:.2f} | {r.end:.2f} |"
         )
     return "\n".join(lines)
 
