@@ -5,13 +5,14 @@ pre-norm's reads their sum), so what separates the two is what the queries learn
 (EPYC, seed 0) AttnRes is level with pre-norm at the middle evaluation at every LR, and behind at the end at 4e-3
 and 8e-3 (docs/designs.md, "AttnRes so far"). AdamW moves the queries from zero at the full LR, undecayed. This
 probe trains, at the same protocol as the suites (recipes/suites/designs-12l.yaml, the portable arithmetic, a
-quarter of the run as warmup, seed 0 unless told), four arms at each LR: pre-norm, AttnRes, AttnRes with its
-queries at a tenth of the LR (``--model.optim.lr_multipliers={"*.query": 0.1}``, the same schedule), and the
-control: AttnRes with its queries frozen at zero (factor 0), which computes pre-norm's function but for the eps
-and the order of additions, from the same weights on the same batches. The control measures how far apart two
-runs of one function end at one seed (a rounding-level difference grows at a high LR): a difference between arms
-smaller than that is not a result at one seed. Each seed's arms pair with that seed's pre-norm; with several
-seeds, the table adds the paired mean and its interval. In this machine's arithmetic only.
+quarter of the run as warmup, seed 0 unless told), five arms at each LR: pre-norm, AttnRes, AttnRes with its
+queries at a tenth of the LR (``--model.optim.lr_multipliers={"*.query": 0.1}``, the same schedule), the
+control: AttnRes with its queries frozen at zero (factor 0), which computes pre-norm's function but for the eps and
+the order of additions, from the same weights on the same batches; and AttnRes with only its readout's query frozen
+at zero (the readout reads the uniform average, pre-norm's stream; every sublayer's query learns). The control
+measures how far apart two runs of one function end at one seed (a rounding-level difference grows at a high LR): a
+difference between arms smaller than that is not a result at one seed. Each seed's arms pair with that seed's
+pre-norm; with several seeds, the table adds the paired mean and its interval. In this machine's arithmetic only.
 
     python scripts/attnres_query_lr.py train [--lrs 0.008 0.004] [--seeds 0 1 2] [--jobs 1] [--root ROOT]
     python scripts/attnres_query_lr.py table [--lrs ...] [--seeds ...] [--root ROOT] [--export DIR]
@@ -29,9 +30,11 @@ from __future__ import annotations
 import argparse
 import csv
 import functools
+import json
 import os
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 from resnorm_lm.analysis.block_measurements import (
     DEFAULT_TOKENS,
@@ -51,28 +54,37 @@ from resnorm_lm.train.runs import RunDir, copy_small_files
 
 SUITE = "designs-12l"  # whose protocol (its `train:` section) every arm trains with
 WARMUP = "0.25"
-ARMS = {  # arm: (recipe, the factor of the LR its depth queries train at; None: no option, the LR itself)
-    "pre-norm": ("prenorm-12l", None),
-    "AttnRes": ("attnres-12l", None),
-    "AttnRes, queries at 0.1 x LR": ("attnres-12l", 0.1),
-    "AttnRes, queries frozen at zero": ("attnres-12l", 0.0),
+
+
+class Arm(NamedTuple):
+    recipe: str
+    root: str  # its runs' folder under ROOT (fit puts a run at <root>/<recipe>/cpu-lr<lr>-wf<warmup>-seed<seed>)
+    lr_multipliers: dict[str, float] | None  # model.optim.lr_multipliers; None: no option, every parameter at the LR
+
+
+ARMS = {
+    "pre-norm": Arm("prenorm-12l", "plain", None),
+    "AttnRes": Arm("attnres-12l", "plain", None),
+    "AttnRes, queries at 0.1 x LR": Arm("attnres-12l", "query0.1", {"*.query": 0.1}),
+    "AttnRes, queries frozen at zero": Arm("attnres-12l", "query0", {"*.query": 0.0}),
+    # the readout's query alone frozen at zero (the readout reads the uniform average, as pre-norm's stream),
+    # the sublayers' queries learn: does the readout's routing starve the late blocks (docs/designs.md)?
+    "AttnRes, readout query frozen at zero": Arm("attnres-12l", "readout-query0", {"*readout.query": 0.0}),
 }
 MIDDLE_STEP = 249  # the suites' middle evaluation (val_check_interval 250)
 
 
 def arm_root(root: Path, arm: str) -> Path:
-    """The arm's own root: ``fit`` puts its run at <root>/<recipe>/cpu-lr<lr>-wf<warmup>-seed<seed>."""
-    factor = ARMS[arm][1]
-    return root / "plain" if factor is None else root / f"query{factor:g}"
+    return root / ARMS[arm].root
 
 
 def arm_run(root: Path, arm: str, lr: str, seed: int = 0) -> Path:
-    return arm_root(root, arm) / ARMS[arm][0] / f"cpu-lr{lr}-wf{WARMUP}-seed{seed}"
+    return arm_root(root, arm) / ARMS[arm].recipe / f"cpu-lr{lr}-wf{WARMUP}-seed{seed}"
 
 
 def fit_command(arm: str, lr: str, seed: int, root: Path, resume: bool) -> list[str]:
-    recipe, factor = ARMS[arm]
-    extra = [] if factor is None else [f'--model.optim.lr_multipliers={{"*.query": {factor}}}']
+    recipe, _, multipliers = ARMS[arm]
+    extra = [] if multipliers is None else [f"--model.optim.lr_multipliers={json.dumps(multipliers)}"]
     return [
         sys.executable,
         *("-m", "resnorm_lm", "fit", "--recipe", recipe, "--profile", "cpu", "--tuned", "none"),
@@ -192,7 +204,7 @@ def depth(root: Path, lrs: list[str], seeds: list[int], export: Path | None) -> 
     rows = []
     for lr in lrs:
         for seed in seeds:
-            for arm, (recipe, _) in ARMS.items():
+            for arm, (recipe, _, _) in ARMS.items():
                 run = arm_run(root, arm, lr, seed)
                 if RunDir(run).state() != "finished" or not RunDir(run).has_checkpoint():
                     print(f"lr {lr}, seed {seed}, {arm}: not finished or no last.ckpt here, left out", file=sys.stderr)

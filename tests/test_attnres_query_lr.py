@@ -21,15 +21,17 @@ def probe():
 
 def test_each_arm_trains_its_recipe_on_the_suites_protocol_with_only_its_query_factor_added(probe, tmp_path):
     suite_args = probe.load(probe.SUITE).train_args()
-    for arm, (recipe, factor) in probe.ARMS.items():
+    for arm, (recipe, _, multipliers) in probe.ARMS.items():
         cmd = probe.fit_command(arm, "0.008", 2, tmp_path, resume=False)
         assert cmd[cmd.index("--recipe") + 1] == recipe and "--seed_everything=2" in cmd
         assert all(arg in cmd for arg in suite_args) and "--model.optim.lr=0.008" in cmd
         options = [arg for arg in cmd if arg.startswith("--model.optim.lr_multipliers")]
-        assert options == ([] if factor is None else [f'--model.optim.lr_multipliers={{"*.query": {factor}}}'])
+        assert options == ([] if multipliers is None else [f"--model.optim.lr_multipliers={json.dumps(multipliers)}"])
         assert probe.fit_command(arm, "0.008", 2, tmp_path, resume=True) == [*cmd, "--ckpt_path=last"]
     roots = {probe.arm_root(tmp_path, arm) for arm in probe.ARMS}
-    assert len(roots) == 3  # pre-norm and AttnRes share "plain" (different recipes); each factor its own root
+    assert len(roots) == len(probe.ARMS) - 1  # pre-norm and AttnRes share "plain" (different recipes)
+    frozen_readout = probe.fit_command("AttnRes, readout query frozen at zero", "0.008", 0, tmp_path, resume=False)
+    assert '--model.optim.lr_multipliers={"*readout.query": 0.0}' in frozen_readout
     runs = {probe.arm_run(tmp_path, arm, "0.008", seed) for arm in probe.ARMS for seed in (0, 1)}
     assert len(runs) == 2 * len(probe.ARMS)  # no two arms or seeds write one run directory
 
@@ -76,7 +78,7 @@ def test_depth_sets_each_arms_update_gradient_and_readout_balance_side_by_side(p
 
     root = tmp_path / "runs"
     frozen = "AttnRes, queries frozen at zero"
-    for arm, (recipe, _) in probe.ARMS.items():  # 2-step smoke runs stand in for the arms; the frozen one missing
+    for arm, (recipe, _, _) in probe.ARMS.items():  # 2-step smoke runs stand in for the arms; the frozen one missing
         if arm != frozen:
             shutil.copytree(recipe_run(recipe), probe.arm_run(root, arm, "0.008"))
     assert probe.depth(root, ["0.008"], [0], tmp_path / "export") == 0
