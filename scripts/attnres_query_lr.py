@@ -57,6 +57,8 @@ WARMUP = "0.25"
 
 
 class Arm(NamedTuple):
+    """One arm of the probe: a recipe trained with its own LR multipliers, under its own folder."""
+
     recipe: str
     root: str  # its runs' folder under ROOT (fit puts a run at <root>/<recipe>/cpu-lr<lr>-wf<warmup>-seed<seed>)
     lr_multipliers: dict[str, float] | None  # model.optim.lr_multipliers; None: no option, every parameter at the LR
@@ -122,6 +124,11 @@ def losses(run: Path) -> dict[str, float]:
     return {"middle": val_at(run, MIDDLE_STEP), "end": RunDir(run).summary()["val_loss"]}
 
 
+def arguments(lrs: list[str], seeds: list[int]) -> str:
+    """The ``--lrs``/``--seeds`` that made a committed table, for its header."""
+    return f"--lrs {' '.join(lrs)} --seeds {' '.join(map(str, seeds))}"
+
+
 def table(root: Path, lrs: list[str], seeds: list[int], export: Path | None) -> int:
     rows, trained = [], []
     ends: dict[tuple[str, str], dict[int, float]] = {}  # (lr, arm): {seed: validation loss at the end}
@@ -182,8 +189,9 @@ def table(root: Path, lrs: list[str], seeds: list[int], export: Path | None) -> 
         with atomic_write(export / "attnres-query-lr.md", "w") as f:
             f.write(
                 "# AttnRes with its depth queries slowed and frozen: a first look\n\n"
-                "`python scripts/attnres_query_lr.py train` then `table --export docs/results/attnres-query-lr` "
-                "(the script's docstring says why).\n\n" + text
+                f"`python scripts/attnres_query_lr.py train {arguments(lrs, seeds)}` then `table "
+                f"{arguments(lrs, seeds)} --export docs/results/attnres-query-lr` (the script's docstring says "
+                "why).\n\n" + text
             )
     return 0
 
@@ -233,7 +241,7 @@ def depth(root: Path, lrs: list[str], seeds: list[int], export: Path | None) -> 
         "last block's weight matrices' gradient over the first's, the mean over the logged steps of the last 10% of "
         "the run (`grad_norm/layer_XX` in metrics.csv). Readout's input: the share of the readout's input magnitude "
         "(weight times the value's RMS, `resnorm-lm depth-weights`) from the sublayers of the second half of the "
-        "blocks (6-11 of 12); the frozen arm reads the uniform average, pre-norm's stream.\n\n"
+        "blocks (6-11 of 12); a readout whose query is frozen at zero reads the uniform average, pre-norm's stream.\n\n"
         + markdown_table(rows)
         + "\n"
     )
@@ -243,8 +251,9 @@ def depth(root: Path, lrs: list[str], seeds: list[int], export: Path | None) -> 
         with atomic_write(export / "depth.md", "w") as f:
             f.write(
                 "# AttnRes's probe arms across depth\n\n"
-                "`python scripts/attnres_query_lr.py depth --export docs/results/attnres-query-lr` (the script's "
-                "docstring says why), on the machine that trained the runs (their checkpoints).\n\n" + text
+                f"`python scripts/attnres_query_lr.py depth {arguments(lrs, seeds)} --export "
+                "docs/results/attnres-query-lr` (the script's docstring says why), on the machine that trained the "
+                "runs (their checkpoints).\n\n" + text
             )
     return 0
 
