@@ -59,7 +59,8 @@ before clipping) and the RMS of the residual stream leaving each block (``stream
   Fig. 1), at initialization and once trained.
 
 Per run: the ratio at the first logged step, its peak and the step of the peak, how many logged steps it spends
-above ``--above``, and the ratio at the last logged step; a markdown table, and a CSV with ``--csv``.
+above ``--above``, the ratio at the last logged step, and at the end (the mean over the logged steps of the last
+10% of the run, as the suite table's "Across depth"); a markdown table, and a CSV (written atomically) with ``--csv``.
 
     resnorm-lm block-ratio RUN_DIR [RUN_DIR ...] [--metric grad_norm|stream_rms] [--above 10]
 """
@@ -67,7 +68,6 @@ above ``--above``, and the ratio at the last logged step; a markdown table, and 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import statistics
@@ -440,11 +440,7 @@ def table(ratios: list[BlockRatio], metric: str, above: float) -> str:
 
 
 def write_csv(ratios: list[BlockRatio], metric: str, path: Path) -> None:
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["metric", *asdict(ratios[0])])
-        writer.writeheader()
-        for r in ratios:
-            writer.writerow({"metric": metric, **asdict(r)})
+    write_csv_atomic(path, [{"metric": metric, **asdict(r)} for r in ratios])
 
 
 def block_ratio_main(argv: list[str] | None = None) -> int:
