@@ -214,7 +214,8 @@ def depth(root: Path, lrs: list[str], seeds: list[int], export: Path | None) -> 
         for seed in seeds:
             for arm, (recipe, _, _) in ARMS.items():
                 run = arm_run(root, arm, lr, seed)
-                if RunDir(run).state() != "finished" or not RunDir(run).has_checkpoint():
+                files = RunDir(run)
+                if files.state() != "finished" or not files.has_checkpoint():
                     print(f"lr {lr}, seed {seed}, {arm}: not finished or no last.ckpt here, left out", file=sys.stderr)
                     continue
                 update = contribution_summary(run, run_contribution(run, DEFAULT_TOKENS))
