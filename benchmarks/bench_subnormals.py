@@ -55,17 +55,17 @@ def flush_supported() -> bool:
 
 
 def measure(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, rounds: int) -> dict[str, float]:
-    """Paired rounds, flushing off then on in each; the first round (warm-up) left out of the medians."""
+    """Paired rounds, flushing on then off in each; the first round (warm-up) left out of the medians. The last
+    pass is unflushed, so its gradients are the ones counted."""
     kept, flushed = [], []
     try:
         for _ in range(rounds):
-            torch.set_flush_denormal(False)
-            kept.append(step_seconds(model, x, y))
             torch.set_flush_denormal(True)
             flushed.append(step_seconds(model, x, y))
+            torch.set_flush_denormal(False)
+            kept.append(step_seconds(model, x, y))
     finally:
         torch.set_flush_denormal(False)
-    step_seconds(model, x, y)  # the gradients of an unflushed pass, counted below
     subnormal, total = subnormal_count(p.grad for p in model.parameters() if p.grad is not None)
     kept_s, flushed_s = statistics.median(kept[1:] or kept), statistics.median(flushed[1:] or flushed)
     return {
