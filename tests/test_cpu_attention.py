@@ -130,6 +130,13 @@ def test_the_real_probe_measures_both_backends_and_restores_the_thread_count():
     assert torch.get_num_threads() == threads
 
 
+def test_the_real_probe_leaves_the_runs_rng_stream_untouched():
+    torch.manual_seed(1)  # a fit measures after seeding and before building its model (precision.py)
+    before = torch.get_rng_state()
+    cpu_attention.measure("fp32", (2, 2, 16, 8), pairs=1)
+    assert torch.equal(torch.get_rng_state(), before)
+
+
 def test_a_run_says_and_records_its_attention_kernel_and_compile_setting(
     tmp_path, capsys, monkeypatch, cache, smoke_corpus, data_cache
 ):

@@ -205,6 +205,15 @@ def test_the_real_probe_measures_a_finite_ratio_and_restores_the_thread_count():
     assert math.isfinite(probe.speedup) and probe.speedup > 0 and probe.fp32_ms > 0 and probe.bf16_ms > 0
 
 
+def test_the_real_probe_leaves_the_runs_rng_stream_untouched():
+    """A fit measures after seeding and before building its model: the first run on a machine (measured)
+    and the next (read from the cache) must start from the same weights."""
+    torch.manual_seed(1)
+    before = torch.get_rng_state()
+    precision.measure_cpu_bf16(pairs=1)
+    assert torch.equal(torch.get_rng_state(), before)
+
+
 @pytest.mark.training
 def test_the_decision_is_the_same_in_20_real_probes_while_another_job_loads_every_core(cache):
     """Real probes while a busy process computes on every core. Where the gate decides (a CPU without native bf16,
