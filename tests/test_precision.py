@@ -235,6 +235,30 @@ def test_the_decision_is_the_same_in_20_real_probes_while_another_job_loads_ever
     assert len(decisions) == 1, "\n".join(choice.reason for choice in choices)
 
 
+@pytest.mark.training
+def test_a_seeds_first_run_on_a_machine_measures_and_matches_its_repeat_that_reads(
+    tmp_path, capsys, monkeypatch, cache, smoke_corpus, data_cache
+):
+    """The real probes (precision, attention) run after the seed is set and before the model is built: the
+    run that measures them and the run that reads them from the cache must train the same weights."""
+    features = {"architecture": "x86_64", "cpu_name": "Some CPU", "avx512_f": True, "avx512_bf16": True}
+    monkeypatch.setattr(precision, "cpu_features", lambda: features)  # the gate lets the real probe run
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("RESNORM_LM_CPU_ATTENTION", raising=False)  # measured, not named
+    weights = []
+    for name, source in (("first", "measured now"), ("repeat", "read from")):
+        root = tmp_path / name
+        args = smoke_args(smoke_corpus, f"--run.root={root}", "--trainer.precision=auto", cache_dir=data_cache)
+        assert run_cli([*args, "--trainer.max_steps=2"]) == 0
+        err = capsys.readouterr().err
+        assert err.count(source) == 2, err  # the precision line and the attention line
+        ckpt = torch.load(root / "prenorm-12l" / "smoke-seed1" / "checkpoints" / "last.ckpt", weights_only=True)
+        weights.append(ckpt["state_dict"])
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
 def test_a_run_says_what_it_chose_records_it_and_a_resume_keeps_it(tmp_path, capsys, cpu, smoke_corpus, data_cache):
     root = tmp_path / "runs"
     run_dir = root / "prenorm-12l" / "smoke-seed1"
