@@ -379,6 +379,31 @@ def test_a_stopped_compare_saves_its_runs_at_a_step_and_starts_no_other(tmp_path
     assert not any(run.exists() for run in never), out[-3000:]
 
 
+@pytest.mark.parametrize("who", ["compare", "suite"])
+def test_a_stop_is_passed_on_and_named_by_the_command_that_got_it(who, capfd):
+    """A SIGTERM while a fit runs: the fit gets it, the command exits with 143, and every line it says names the
+    command that was stopped (a suite's stop once said "compare")."""
+    import threading
+
+    from resnorm_lm.analysis.launchers import RunningFits
+
+    fits = RunningFits(who)
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
+    started = time.monotonic()
+    with pytest.raises(SystemExit) as stopped:
+        with fits.stoppable():
+            timer.start()
+            code = fits.run([sys.executable, "-c", "import time; time.sleep(60)"])
+    timer.cancel()
+    assert stopped.value.code == 128 + signal.SIGTERM and code == -signal.SIGTERM
+    assert time.monotonic() - started < 30  # the fit stopped on the signal, not at its end
+    said = capfd.readouterr().err
+    assert f"{who}: SIGTERM: 1 run(s) in training save last.ckpt" in said, said
+    assert f"{who}: stopped by SIGTERM; run the same command again to resume it" in said, said
+    other = {"compare": "suite", "suite": "compare"}[who]
+    assert f"{other}:" not in said, said
+
+
 def test_parallel_compare_prepares_the_data_once_before_the_jobs_start(tmp_path, monkeypatch, capsys):
     """JOBS=2 on a cold cache: the data the runs resolve to (profile, recipe and --train-args) is prepared
     in compare itself, once, before any job starts, so the jobs do not all build it at once."""

@@ -51,7 +51,8 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 class RunningFits:
     """Runs fit commands, each in its own session, and passes a stop on to those running (see the module)."""
 
-    def __init__(self) -> None:
+    def __init__(self, who: str = "compare") -> None:
+        self.who = who  # the command whose fits these are, as its messages name it: compare or suite
         self.stop_signal: int | None = None  # the first stop signal received
         self.stops = 0  # how many stop signals came; each fit is sent as many SIGTERMs, at most
         self.sent: dict[subprocess.Popen, int] = {}  # each running fit and the SIGTERMs sent to it
@@ -83,8 +84,8 @@ class RunningFits:
         if self.stop_signal is not None:
             with contextlib.suppress(OSError):
                 print(
-                    f"compare: stopped by {signal.Signals(self.stop_signal).name}; run the same command again "
-                    "to resume the sweep",
+                    f"{self.who}: stopped by {signal.Signals(self.stop_signal).name}; run the same command again "
+                    "to resume it",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -98,11 +99,11 @@ class RunningFits:
         running = list(self.sent)
         if self.stops == 1:
             said = (
-                f"\ncompare: {name}: {len(running)} run(s) in training save last.ckpt at the end of their step "
+                f"\n{self.who}: {name}: {len(running)} run(s) in training save last.ckpt at the end of their step "
                 f"and stop, and no run starts; {name} again stops them at once\n"
             )
         else:
-            said = f"\ncompare: {name} again: the {len(running)} run(s) in training stop at once\n"
+            said = f"\n{self.who}: {name} again: the {len(running)} run(s) in training stop at once\n"
         with contextlib.suppress(OSError):  # a closed terminal's SIGHUP: nowhere to say it
             os.write(2, said.encode())  # not print: the signal may have come in the middle of one
         for process in running:
@@ -151,7 +152,7 @@ class SweepTrainer:
         gpus = torch.cuda.device_count()
         self.gpu_per_job = gpus >= self.jobs > 1
         self.prepared: set[str] = set()  # data settings prepared by prepare_data (as JSON)
-        self.fits = RunningFits()
+        self.fits = RunningFits(self.who)
 
     def plan(self, specs: list[RunSpec], what: str, training: bool = True) -> list[RunSpec]:
         """Print how many runs there are to train and an estimate of the time; return those to train."""
@@ -172,7 +173,7 @@ class SweepTrainer:
             when = "not training them (--no-train)"
         resume = sum(states[s] == "unfinished" for s in todo)
         print(
-            f"compare: {what}: {len(specs)} runs, {len(specs) - len(todo)} finished, {len(todo)} to train "
+            f"{self.who}: {what}: {len(specs)} runs, {len(specs) - len(todo)} finished, {len(todo)} to train "
             f"({resume} to resume); {when if todo else 'nothing to train'}",
             flush=True,
         )
