@@ -6,9 +6,12 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import re
 import shutil
 import sys
 import tempfile
+import warnings
 from datetime import timedelta
 from pathlib import Path
 
@@ -185,6 +188,9 @@ class ResnormCLI(LightningCLI):
         elif not Path(ckpt_path).is_file():
             raise UsageError(no_checkpoint_at(ckpt_path))
         facts = CheckpointFacts.read(Path(ckpt_path))
+        # resumed on purpose: the run's own checkpoints folder is not empty, and Lightning need not say so
+        own = os.path.realpath(RunDir(self.run_dir).checkpoints_dir)  # as ModelCheckpoint names it
+        warnings.filterwarnings("ignore", message=rf"Checkpoint directory {re.escape(own)} exists and is not empty")
         for note in check_resume(facts, self._resume_request()):
             if rank_zero_only.rank == 0:
                 print(f"resnorm-lm: resuming: {note}", file=sys.stderr, flush=True)
