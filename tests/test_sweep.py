@@ -380,21 +380,29 @@ def test_a_stopped_compare_saves_its_runs_at_a_step_and_starts_no_other(tmp_path
 
 
 @pytest.mark.parametrize("who", ["compare", "suite"])
-def test_a_stop_is_passed_on_and_named_by_the_command_that_got_it(who, capfd):
+def test_a_stop_is_passed_on_and_named_by_the_command_that_got_it(who, tmp_path, capfd):
     """A SIGTERM while a fit runs: the fit gets it, the command exits with 143, and every line it says names the
     command that was stopped (a suite's stop once said "compare")."""
     import threading
 
     from resnorm_lm.analysis.launchers import RunningFits
 
-    fits = RunningFits(who)
-    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
+    fits, up = RunningFits(who), tmp_path / "fit-started"
+
+    def stop_once_the_fit_runs() -> None:  # a stop before the fit started would start none (another test's case)
+        deadline = time.monotonic() + 60
+        while not up.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    fit = [sys.executable, "-c", f"import pathlib, time; pathlib.Path({str(up)!r}).touch(); time.sleep(60)"]
+    stopper = threading.Thread(target=stop_once_the_fit_runs)
     started = time.monotonic()
     with pytest.raises(SystemExit) as stopped:
         with fits.stoppable():
-            timer.start()
-            code = fits.run([sys.executable, "-c", "import time; time.sleep(60)"])
-    timer.cancel()
+            stopper.start()
+            code = fits.run(fit)
+    stopper.join()
     assert stopped.value.code == 128 + signal.SIGTERM and code == -signal.SIGTERM
     assert time.monotonic() - started < 30  # the fit stopped on the signal, not at its end
     said = capfd.readouterr().err
