@@ -51,7 +51,7 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 class RunningFits:
     """Runs fit commands, each in its own session, and passes a stop on to those running (see the module)."""
 
-    def __init__(self, who: str = "compare") -> None:
+    def __init__(self, who: str) -> None:
         self.who = who  # the command whose fits these are, as its messages name it: compare or suite
         self.stop_signal: int | None = None  # the first stop signal received
         self.stops = 0  # how many stop signals came; each fit is sent as many SIGTERMs, at most
