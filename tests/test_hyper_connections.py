@@ -16,8 +16,12 @@ from resnorm_lm.model.hyper_connections import (
     DynamicHyperConnection,
     HyperStream,
     ManifoldHyperConnection,
+    amax_gain,
+    composed,
     composite_gain,
+    recorded_mixes,
     sinkhorn_knopp,
+    token_composite_gain,
 )
 from resnorm_lm.model.norms import LayerNorm
 from resnorm_lm.model.placements import PLACEMENTS
@@ -311,6 +315,68 @@ def test_the_gain_orientation_one_source_feeding_every_stream():
 def test_the_gain_refuses_a_model_without_hyper_connections():
     with pytest.raises(ValueError, match="placement hc or mhc"):
         composite_gain(gpt("prenorm"))
+    with pytest.raises(ValueError, match="placement hc or mhc"):
+        with recorded_mixes(gpt("prenorm")):
+            pass
+
+
+def test_the_per_token_gain_composes_each_tokens_own_h_res(streams):
+    """mHC's Fig. 3: P_t = H_1(t) H_0(t) for each token t from its own H_res (Eq. 13, transposed to [target,
+    source]), the largest |row sum| and |column sum| of each, computed here token by token."""
+    b = block("hc")
+    randomized(b.attn_hc, 1), randomized(b.mlp_hc, 2)
+    f = Toy(1)
+    with recorded_mixes(b) as mixes:
+        X1 = b.attn_hc(streams, f)
+        b.mlp_hc(X1, f)
+    assert [m.shape for m in mixes] == [(2, 3, N, N)] * 2
+    assert "coefficients" not in vars(b.attn_hc)  # the recording is gone after the with: the class's method again
+
+    def h_res(p, X):  # Eq. 13 per token, [target, source]: (B, T, n, n)
+        A_r = p.alpha_scale * torch.tanh(F.layer_norm(X, (C,)) @ p.dynamic_alpha[:, 1:]) + p.static_alpha[:, 1:]
+        return A_r.transpose(-1, -2).detach().double()
+
+    H0, H1 = h_res(b.attn_hc, streams), h_res(b.mlp_hc, X1)
+    gain = token_composite_gain(mixes)
+    for i in range(2):
+        for t in range(3):
+            P = H1[i, t] @ H0[i, t]
+            assert gain.forward[i, t].item() == pytest.approx(max(abs(P[r].sum().item()) for r in range(N)), rel=1e-5)
+            assert gain.backward[i, t].item() == pytest.approx(
+                max(abs(P[:, c].sum().item()) for c in range(N)), rel=1e-5
+            )
+
+
+def test_the_per_token_gain_differs_from_the_token_mean_one_where_the_mixes_depend_on_the_token():
+    """Two tokens, one sublayer: H = diag(2, 0, 0, 0) and diag(0, 2, 0, 0). Each token's gain is 2 both ways; the
+    mean H is diag(1, 1, 0, 0), whose gain is 1."""
+    h = torch.zeros(1, 2, N, N)
+    h[0, 0, 0, 0], h[0, 1, 1, 1] = 2.0, 2.0
+    per_token = token_composite_gain([h])
+    assert per_token.forward.tolist() == [[2.0, 2.0]] and per_token.backward.tolist() == [[2.0, 2.0]]
+    assert [g.item() for g in amax_gain(composed([h.mean((0, 1))]))] == [1.0, 1.0]
+    with pytest.raises(ValueError, match="at least one sublayer"):
+        token_composite_gain([])
+
+
+@pytest.mark.parametrize("placement", ["hc", "mhc"])
+def test_recording_the_mixes_changes_nothing_and_keeps_one_per_sublayer(placement):
+    model = gpt(placement, n_layer=3)
+    for b in model.blocks:
+        randomized(b.attn_hc, 1), randomized(b.mlp_hc, 2)
+    idx = torch.randint(0, 64, (2, 8))
+    with torch.no_grad():
+        expected = model(idx)[0]
+        with recorded_mixes(model) as mixes:
+            got = model(idx)[0]
+        model(idx)  # after the with, nothing is recorded
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    assert len(mixes) == 6 and all(m.shape == (2, 8, N, N) and m.dtype == torch.float32 for m in mixes)
+    torch.testing.assert_close(mixes[-1].mean((0, 1)), model.blocks[-1].mlp_hc.res_mean)
+    forward, backward = token_composite_gain(mixes)
+    if placement == "mhc":  # every token's H_res has rows summing to 1, and so has their product
+        torch.testing.assert_close(forward, torch.ones(2, 8, dtype=torch.float64))
+    assert (backward > 0).all()
 
 
 # ------------------------------------------------------------------ lucidrains' hyper-connections (PyPI 0.4.11)

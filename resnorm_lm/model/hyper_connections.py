@@ -10,13 +10,16 @@ Orientation: H_res is [target, source] (row i says what stream i receives) every
 ``DynamicHyperConnection``, which keeps the HC paper's own [source, target] A_r and transposes it once.
 
 The stream enters as the embeddings replicated n times and leaves as their sum, then the final norm (HC §2.1).
-``composite_gain`` is mHC's "Amax Gain Magnitude" (§3.1) of the H_res of the last forward pass.
+``composite_gain`` is mHC's "Amax Gain Magnitude" (§3.1) of the H_res of the last forward pass, each averaged
+over its tokens before they are composed (what training logs); ``token_composite_gain`` composes each token's own
+H_res and averages the gains over the tokens afterwards, as the paper's Fig. 3 does (``recorded_mixes`` keeps them).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import NamedTuple
 
 import torch
@@ -245,8 +248,8 @@ class ManifoldHyperConnections(HyperConnections):
 
 
 class Gain(NamedTuple):
-    forward: torch.Tensor  # () fp32: max_i |sum_j P_ij|, the largest row sum of P
-    backward: torch.Tensor  # () fp32: max_j |sum_i P_ij|, the largest column sum of P
+    forward: torch.Tensor  # () or (B, T): max_i |sum_j P_ij|, the largest absolute row sum of P
+    backward: torch.Tensor  # () or (B, T): max_j |sum_i P_ij|, the largest absolute column sum of P
 
 
 def composite_gain(model: nn.Module) -> Gain:
@@ -256,10 +259,58 @@ def composite_gain(model: nn.Module) -> Gain:
     absolute row sum (what a stream can receive), the backward gain its largest absolute column sum (what one
     sends on). HC's H_res = A_r^T has any sign and P can grow; mHC's is doubly stochastic, P too, and both stay
     near 1. Device tensors, no sync. NaN before the first forward pass."""
-    mixers = [m for m in model.modules() if isinstance(m, StreamMixer)]
+    mixers = [m for m in model.modules() if isinstance(m, StreamMixer)]  # block by block, attention then MLP
     if not mixers:
         raise ValueError("composite_gain needs a model with hyper-connections (placement hc or mhc)")
-    p = torch.eye(STREAMS, device=mixers[0].res_mean.device)  # (n, n) fp32
-    for mixer in mixers:  # modules() goes block by block, the attention's before the MLP's
-        p = mixer.res_mean.float() @ p
-    return Gain(p.sum(-1).abs().amax(), p.sum(-2).abs().amax())
+    return amax_gain(composed([mixer.res_mean.float() for mixer in mixers]))  # () each
+
+
+def composed(mixes: Sequence[torch.Tensor]) -> torch.Tensor:
+    """P = H[L-1] ... H[1] H[0] of H_res (..., n, n) [target, source] in the order the sublayers ran, in their
+    dtype: (..., n, n)."""
+    p = torch.eye(STREAMS, dtype=mixes[0].dtype, device=mixes[0].device).expand(mixes[0].shape)
+    for h_res in mixes:
+        p = h_res @ p
+    return p
+
+
+def amax_gain(p: torch.Tensor) -> Gain:
+    """The largest absolute row sum (forward) and column sum (backward) of P (..., n, n): (...) each."""
+    return Gain(p.sum(-1).abs().amax(-1), p.sum(-2).abs().amax(-1))
+
+
+@contextmanager
+def recorded_mixes(model: nn.Module) -> Iterator[list[torch.Tensor]]:
+    """Inside the ``with``, every sublayer's H_res (B, T, n, n) [target, source], fp32 and detached, appended in the
+    order the sublayers run, one per sublayer and forward pass; the model computes what it computes without."""
+    mixers = [m for m in model.modules() if isinstance(m, StreamMixer)]
+    if not mixers:
+        raise ValueError("recorded_mixes needs a model with hyper-connections (placement hc or mhc)")
+    mixes: list[torch.Tensor] = []
+
+    def recording(compute: Callable) -> Callable:
+        def coefficients(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            h_pre, h_res, h_post = compute(x)
+            mixes.append(h_res.detach())
+            return h_pre, h_res, h_post
+
+        return coefficients
+
+    for mixer in mixers:
+        mixer.coefficients = recording(mixer.coefficients)  # an instance attribute shadows the class's method
+    try:
+        yield mixes
+    finally:
+        for mixer in mixers:
+            del mixer.coefficients
+
+
+def token_composite_gain(mixes: Sequence[torch.Tensor]) -> Gain:
+    """mHC's Amax Gain Magnitude per token, as the paper's Fig. 3 computes it ("averaged over all tokens" after):
+    each token's own P = H_res[L-1] ... H_res[0] from the sublayers' H_res (B, T, n, n) in the order they ran (one
+    forward pass of ``recorded_mixes``), composed in fp64, its largest absolute row sum (forward) and column sum
+    (backward), (B, T) each. ``composite_gain`` composes the token-averaged H_res instead: the two agree where the
+    mixes do not depend on the token (mHC's rows always sum to 1: its forward gain is 1 either way)."""
+    if not mixes:
+        raise ValueError("token_composite_gain needs the H_res of at least one sublayer (see recorded_mixes)")
+    return amax_gain(composed([h_res.double() for h_res in mixes]))  # (B, T) each
