@@ -22,6 +22,7 @@ from resnorm_lm.model.hyper_connections import (
     recorded_mixes,
     sinkhorn_knopp,
     token_composite_gain,
+    token_gains_from_each_sublayer,
 )
 from resnorm_lm.model.norms import LayerNorm
 from resnorm_lm.model.placements import PLACEMENTS
@@ -357,6 +358,27 @@ def test_the_per_token_gain_differs_from_the_token_mean_one_where_the_mixes_depe
     assert [g.item() for g in amax_gain(composed([h.mean((0, 1))]))] == [1.0, 1.0]
     with pytest.raises(ValueError, match="at least one sublayer"):
         token_composite_gain([])
+
+
+def test_the_gain_from_each_sublayer_composes_its_suffix_per_token():
+    """mHC's Fig. 3(b): for each l, H_res[L-1] ... H_res[l] per token; l = 0 is the whole stack."""
+    g = torch.Generator().manual_seed(0)
+    mixes = [torch.randn(2, 3, N, N, generator=g) for _ in range(3)]  # three sublayers, token-dependent
+    gains = token_gains_from_each_sublayer(mixes)
+    assert len(gains) == 3
+    for l in range(3):
+        for i in range(2):
+            for t in range(3):
+                P = torch.eye(N, dtype=torch.float64)
+                for h in mixes[l:]:
+                    P = h[i, t].double() @ P
+                assert gains[l].forward[i, t].item() == pytest.approx(P.sum(1).abs().max().item())
+                assert gains[l].backward[i, t].item() == pytest.approx(P.sum(0).abs().max().item())
+    whole = token_composite_gain(mixes)
+    torch.testing.assert_close(gains[0].forward, whole.forward)
+    torch.testing.assert_close(gains[0].backward, whole.backward)
+    with pytest.raises(ValueError, match="at least one sublayer"):
+        token_gains_from_each_sublayer([])
 
 
 @pytest.mark.parametrize("placement", ["hc", "mhc"])

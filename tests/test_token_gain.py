@@ -9,7 +9,13 @@ import torch
 from resnorm_lm.analysis.sweep import RunSpec, Setting
 from resnorm_lm.analysis.token_gain import main, measure
 from resnorm_lm.model.gpt import GPT, GPTConfig
-from resnorm_lm.model.hyper_connections import amax_gain, composed, recorded_mixes, token_composite_gain
+from resnorm_lm.model.hyper_connections import (
+    amax_gain,
+    composed,
+    recorded_mixes,
+    token_composite_gain,
+    token_gains_from_each_sublayer,
+)
 from resnorm_lm.targets import IGNORE_INDEX
 from tests.test_depth import DepthTrainer, tiny_run_data
 
@@ -41,6 +47,15 @@ def test_the_measurement_counts_each_target_once_across_batches_and_skips_paddin
     assert got.per_token_mean == pytest.approx((gain.forward[valid].mean().item(), gain.backward[valid].mean().item()))
     assert got.per_token_max == pytest.approx((gain.forward[valid].max().item(), gain.backward[valid].max().item()))
     assert got.token_mean_mix == pytest.approx((mean_mix.forward.item(), mean_mix.backward.item()))
+    suffixes = token_gains_from_each_sublayer(mixes)
+    assert len(got.from_each_sublayer) == 4  # 2 blocks: 4 sublayers
+    for l, (f, b) in enumerate(got.from_each_sublayer):
+        assert (f, b) == pytest.approx(
+            (suffixes[l].forward[valid].mean().item(), suffixes[l].backward[valid].mean().item())
+        )
+    assert got.from_each_sublayer[0] == pytest.approx(got.per_token_mean)
+    peak, at = got.peak(1)
+    assert peak == max(b for _, b in got.from_each_sublayer) == got.from_each_sublayer[at][1]
     if placement == "hc":  # random dynamic parts: the two definitions part
         assert got.per_token_mean[0] != pytest.approx(got.token_mean_mix[0], rel=1e-3)
     else:  # rows of doubly stochastic mixes sum to 1, per token and on average
@@ -60,9 +75,10 @@ def test_the_command_reads_a_run_and_refuses_a_design_without_stream_mixes(tmp_p
         assert not (tmp_path / "g.csv").exists()
         return
     # HC at init: A_r = I for every token, so every gain is exactly 1; its metrics.csv logs no gain ("-")
-    assert code == 0 and "| 5 | - | 1 / 1 | 1 / 1 | 1 / 1 | 1 / 1 |" in captured.out
+    assert code == 0 and "| 5 | - | 1 / 1 | 1 / 1 | 1 / 1 | 1 / 1 | 1 / 1 (from block 0 attention" in captured.out
     (row,) = list(csv.DictReader((tmp_path / "g.csv").open()))
     assert row["tokens"] == "48" and row["logged_f"] == "" and float(row["per_token_mean_b"]) == 1.0
+    assert float(row["peak_f"]) == 1.0 and row["peak_b_from"] == "block 0 attention"
 
 
 def test_the_logged_column_is_the_last_logged_gain(tmp_path, capsys):

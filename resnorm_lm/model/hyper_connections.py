@@ -314,3 +314,17 @@ def token_composite_gain(mixes: Sequence[torch.Tensor]) -> Gain:
     if not mixes:
         raise ValueError("token_composite_gain needs the H_res of at least one sublayer (see recorded_mixes)")
     return amax_gain(composed([h_res.double() for h_res in mixes]))  # (B, T) each
+
+
+def token_gains_from_each_sublayer(mixes: Sequence[torch.Tensor]) -> list[Gain]:
+    """The per-token gain of the composite from each sublayer l to the end, H_res[L-1] ... H_res[l], for l = 0 ..
+    L-1: mHC's Fig. 3(b), whose x-axis is l (its peak of about 3000 for HC is over l). Element 0 is
+    ``token_composite_gain``; (B, T) each, fp64."""
+    if not mixes:
+        raise ValueError("token_gains_from_each_sublayer needs the H_res of at least one sublayer")
+    q = torch.eye(STREAMS, dtype=torch.float64, device=mixes[0].device).expand(mixes[0].shape)  # (B, T, n, n)
+    gains = []
+    for h_res in reversed(mixes):
+        q = q @ h_res.double()  # H_res[L-1] ... H_res[l]
+        gains.append(amax_gain(q))
+    return gains[::-1]
