@@ -2,7 +2,9 @@
 
 Each run with hyper-connections logs mHC's Amax Gain Magnitude (arXiv 2512.24880, section 3.1) as training goes:
 ``hc/gain_forward``, the largest absolute row sum of the product of every sublayer's ``H_res``, and
-``hc/gain_backward``, its largest column sum (``composite_gain`` in resnorm_lm/model/hyper_connections.py). The
+``hc/gain_backward``, its largest column sum, each ``H_res`` averaged over the batch's tokens before they are
+composed (``composite_gain`` in resnorm_lm/model/hyper_connections.py; the paper's per-token average of each token's
+own composite, larger for HC, is ``resnorm-lm stream-gain``, resnorm_lm/analysis/token_gain.py). The
 paper reports a peak of about 3000 for HC against about 1.6 for mHC at 27B; what a 3.4M-parameter model can say
 is the direction, and how it depends on the LR.
 
@@ -83,7 +85,10 @@ def gain_table(rows: list[dict[str, Any]]) -> list[str]:
     lines = [
         "",
         "Stream-mix gain (HC, mHC): the composite gain of every sublayer's `H_res` (mHC's Amax Gain Magnitude; 1 at "
-        "init, about 3000 for HC and 1.6 for mHC at 27B in that paper), at the end of training and at its peak, over "
+        "init, about 3000 for HC and 1.6 for mHC at 27B in that paper), each `H_res` averaged over the training "
+        "batch's tokens before they are composed; the paper averages each token's own composite's gain, which for HC "
+        "is larger (`resnorm-lm stream-gain` measures both at a run's final weights). At the end of training and at "
+        "its peak, over "
         "the pick's fresh seeds: median (min..max). Forward: the largest row sum (what a stream can receive); "
         "backward: the largest column sum (what one stream sends on, the gradient's gain). mHC's forward gain is 1 "
         "by construction (its Sinkhorn-Knopp ends on rows); its backward gain shows how far 20 iterations leave the "
