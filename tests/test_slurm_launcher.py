@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from resnorm_lm.analysis import compare
-from resnorm_lm.analysis.launchers import TRAIN_SBATCH, SlurmError, SlurmOptions, SlurmQueue, SlurmSweepTrainer
+from resnorm_lm.analysis.slurm_launcher import TRAIN_SBATCH, SlurmError, SlurmOptions, SlurmQueue, SlurmSweepTrainer
 from resnorm_lm.analysis.sweep import RunSpec, Setting, expand_grid, grid_settings
 from resnorm_lm.train.runs import REPO_ROOT
 

@@ -20,7 +20,7 @@ recipe and setting), lr_sensitivity.png, loss_curves.png and grad_norms.png (at 
 Runs whose validation loss stays within 0.1 nats of the unigram reference are flagged "not learning",
 apart from "diverged".
 
-With ``--launcher slurm`` each run is a SLURM job (``launchers.py``; its options from the site's config file
+With ``--launcher slurm`` each run is a SLURM job (``slurm_launcher.py``; its options from the site's config file
 and ``--slurm-*``): compare submits them, shows their progress, waits and writes the
 same tables. Started again after an interruption, it submits only the runs that are neither finished nor queued
 or running. docs/cluster.md walks through it.
@@ -53,7 +53,8 @@ from typing import Any
 
 from resnorm_lm.analysis.block_measurements import DEFAULT_TOKENS, block_means, run_contribution
 from resnorm_lm.analysis.evidence import ProvenanceError, group_rows, num, table_provenance
-from resnorm_lm.analysis.launchers import CONFIG_ENV, SlurmError, SlurmOptions, SlurmSweepTrainer, SweepTrainer
+from resnorm_lm.analysis.launchers import SweepTrainer
+from resnorm_lm.analysis.slurm_launcher import CONFIG_ENV, SlurmError, SlurmOptions, SlurmSweepTrainer
 from resnorm_lm.analysis.sweep import (
     NOT_LEARNING_NATS,
     Arm,
