@@ -348,6 +348,19 @@ def slice_loss(
     return total.item() / max(tokens, 1), tokens
 
 
+def run_measurement_args(argv: list[str] | None, prog: str, description: str, runs_help: str, csv_help: str):
+    """The arguments of a command that measures finished runs at their final weights on the validation split's first
+    targets: the run directories, ``--tokens`` (positive) and ``--csv``."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("runs", nargs="+", type=Path, help=runs_help)
+    parser.add_argument("--tokens", type=int, default=DEFAULT_TOKENS, help="validation targets measured on")
+    parser.add_argument("--csv", type=Path, help=csv_help)
+    args = parser.parse_args(argv)
+    if args.tokens < 1:
+        parser.error(f"--tokens must be positive, got {args.tokens}")
+    return args
+
+
 def validation_slice(datamodule, n_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The first ``ceil(n_tokens / T)`` windows of the validation split (all of it when shorter), as the
     evaluation reads them: inputs and targets, (N, T) each."""
@@ -483,17 +496,14 @@ def contribution_summary(run_dir: Path, record: dict) -> dict:
 
 
 def layer_contribution_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="resnorm-lm layer-contribution",
-        description="each block's update RMS, angular distance and loss when skipped, in finished runs at their "
-        "final weights (cached in each run as layer_contribution.json)",
+    args = run_measurement_args(
+        argv,
+        "resnorm-lm layer-contribution",
+        "each block's update RMS, angular distance and loss when skipped, in finished runs at their final weights "
+        "(cached in each run as layer_contribution.json)",
+        "run directories (with checkpoints/last.ckpt or a cache)",
+        "also write every block's numbers to this CSV file",
     )
-    parser.add_argument("runs", nargs="+", type=Path, help="run directories (with checkpoints/last.ckpt or a cache)")
-    parser.add_argument("--tokens", type=int, default=DEFAULT_TOKENS, help="validation targets measured")
-    parser.add_argument("--csv", type=Path, help="also write every block's numbers to this CSV file")
-    args = parser.parse_args(argv)
-    if args.tokens < 1:
-        parser.error(f"--tokens must be positive, got {args.tokens}")
     summaries, blocks = [], []
     for run_dir in args.runs:
         record = run_contribution(run_dir, args.tokens)

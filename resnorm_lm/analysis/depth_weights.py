@@ -19,7 +19,6 @@ uniform, 1 when one source takes all).
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from resnorm_lm.analysis.block_measurements import DEFAULT_TOKENS, markdown_table, validation_slice
+from resnorm_lm.analysis.block_measurements import markdown_table, run_measurement_args, validation_slice
 from resnorm_lm.data.cache import write_csv_atomic
 from resnorm_lm.model.depth_attention import AttnRes, DenseFormer, DepthAttention
 from resnorm_lm.model.gpt import GPT
@@ -161,17 +160,14 @@ def csv_rows(run_dir: Path, readers: list[Reader]) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="resnorm-lm depth-weights",
-        description="what AttnRes, Block AttnRes and DenseFormer runs learned to read: each reader's weights over "
-        "the outputs before it, at the run's final weights",
+    args = run_measurement_args(
+        argv,
+        "resnorm-lm depth-weights",
+        "what AttnRes, Block AttnRes and DenseFormer runs learned to read: each reader's weights over the outputs "
+        "before it, at the run's final weights",
+        "run directories (each with checkpoints/last.ckpt)",
+        "also write every reader's weight on every source to this CSV file",
     )
-    parser.add_argument("runs", nargs="+", type=Path, help="run directories (each with checkpoints/last.ckpt)")
-    parser.add_argument("--tokens", type=int, default=DEFAULT_TOKENS, help="validation targets averaged over")
-    parser.add_argument("--csv", type=Path, help="also write every reader's weight on every source to this CSV file")
-    args = parser.parse_args(argv)
-    if args.tokens < 1:
-        parser.error(f"--tokens must be positive, got {args.tokens}")
     rows = []
     for run_dir in args.runs:
         try:

@@ -16,14 +16,13 @@ H_res[l], per token and averaged over the targets, at the l where it is largest 
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
-from resnorm_lm.analysis.block_measurements import DEFAULT_TOKENS, markdown_table, validation_slice
+from resnorm_lm.analysis.block_measurements import markdown_table, run_measurement_args, validation_slice
 from resnorm_lm.analysis.stream_gain import gain_trace
 from resnorm_lm.data.cache import write_csv_atomic
 from resnorm_lm.model.gpt import GPT
@@ -123,17 +122,14 @@ def peaks(gains: TokenGains) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="resnorm-lm stream-gain",
-        description="HC and mHC runs' composite gain of the stream mixes at their final weights: per token, as the "
-        "mHC paper measures it, beside the token-mean composite that training logs",
+    args = run_measurement_args(
+        argv,
+        "resnorm-lm stream-gain",
+        "HC and mHC runs' composite gain of the stream mixes at their final weights: per token, as the mHC paper "
+        "measures it, beside the token-mean composite that training logs",
+        "run directories (each with checkpoints/last.ckpt)",
+        "also write each run's gains to this CSV file",
     )
-    parser.add_argument("runs", nargs="+", type=Path, help="run directories (each with checkpoints/last.ckpt)")
-    parser.add_argument("--tokens", type=int, default=DEFAULT_TOKENS, help="validation targets measured on")
-    parser.add_argument("--csv", type=Path, help="also write each run's gains to this CSV file")
-    args = parser.parse_args(argv)
-    if args.tokens < 1:
-        parser.error(f"--tokens must be positive, got {args.tokens}")
     rows, csv_rows = [], []
     for run_dir in args.runs:
         try:

@@ -259,10 +259,15 @@ def composite_gain(model: nn.Module) -> Gain:
     absolute row sum (what a stream can receive), the backward gain its largest absolute column sum (what one
     sends on). HC's H_res = A_r^T has any sign and P can grow; mHC's is doubly stochastic, P too, and both stay
     near 1. Device tensors, no sync. NaN before the first forward pass."""
-    mixers = [m for m in model.modules() if isinstance(m, StreamMixer)]  # block by block, attention then MLP
+    return amax_gain(composed([mixer.res_mean.float() for mixer in stream_mixers(model, "composite_gain")]))  # ()
+
+
+def stream_mixers(model: nn.Module, needed_by: str) -> list[StreamMixer]:
+    """The model's stream mixers, block by block, the attention's before the MLP's; ValueError without any."""
+    mixers = [m for m in model.modules() if isinstance(m, StreamMixer)]
     if not mixers:
-        raise ValueError("composite_gain needs a model with hyper-connections (placement hc or mhc)")
-    return amax_gain(composed([mixer.res_mean.float() for mixer in mixers]))  # () each
+        raise ValueError(f"{needed_by} needs a model with hyper-connections (placement hc or mhc)")
+    return mixers
 
 
 def composed(mixes: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -283,9 +288,7 @@ def amax_gain(p: torch.Tensor) -> Gain:
 def recorded_mixes(model: nn.Module) -> Iterator[list[torch.Tensor]]:
     """Inside the ``with``, every sublayer's H_res (B, T, n, n) [target, source], fp32 and detached, appended in the
     order the sublayers run, one per sublayer and forward pass; the model computes what it computes without."""
-    mixers = [m for m in model.modules() if isinstance(m, StreamMixer)]
-    if not mixers:
-        raise ValueError("recorded_mixes needs a model with hyper-connections (placement hc or mhc)")
+    mixers = stream_mixers(model, "recorded_mixes")
     mixes: list[torch.Tensor] = []
 
     def recording(compute: Callable) -> Callable:
