@@ -1,8 +1,8 @@
 """The numbers in the results files under docs/results/, each with its printed rounding and its machine.
 
 What ``tests/doc_numbers.py`` looks a quoted number up in: a ``.md`` table's printed numbers (``a ± b`` as one
-pair), a ``.csv``'s cells (``X_mean``/``X_std`` columns as one pair), an ``eval.json``'s numbers, the mean ± std
-over the seeds of each setting of a ``run-files`` folder (as ``compare`` computes it), and a
+pair), a ``.csv``'s cells (``X_mean`` with ``X_std`` or ``X_half_width`` as one pair), an ``eval.json``'s numbers,
+the mean ± std over the seeds of each setting of a ``run-files`` folder (as ``compare`` computes it), and a
 ``layer_contribution.csv``'s per-run quarter means and half sums. Imports nothing from the package.
 """
 
@@ -118,13 +118,22 @@ def values_in(file: Path) -> tuple[Value, ...]:
                 number = as_float(cell)
                 if number is None:
                     continue
-                std = as_float(row.get(column.removesuffix("_mean") + "_std")) if column.endswith("_mean") else None
+                std = spread_of(row, column)
                 out.append(Value(Number(number, None), None if std is None else Number(std, None), file))
     elif file.suffix == ".json":
         out += [Value(Number(v, None), None, file) for v in json_numbers(json.loads(text))]
     if file.name == "layer_contribution.csv":
         out += [Value(Number(v, None), None, file) for v in run_aggregates(text)]
     return tuple(out)
+
+
+def spread_of(row: dict[str, str], column: str) -> float | None:
+    """The ± of an ``X_mean`` cell: its row's ``X_std``, or ``X_half_width`` (a suite's paired 95% interval,
+    ``pairs.csv``); None for any other column."""
+    if not column.endswith("_mean"):
+        return None
+    stem = column.removesuffix("_mean")
+    return as_float(row.get(f"{stem}_std") or row.get(f"{stem}_half_width"))
 
 
 def run_aggregates(text: str) -> list[float]:

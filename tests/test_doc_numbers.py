@@ -54,6 +54,15 @@ def test_a_mean_and_a_std_from_two_rows_are_reported(tmp_path):
     ]
 
 
+def test_a_paired_difference_is_its_mean_with_its_own_half_width(tmp_path):
+    # pairs.csv: Block AttnRes ahead of AttnRes by 0.0230 (half width 0.0200); ahead of pre-norm by 0.0126 (0.0318)
+    text = "# Block AttnRes\n\nOn the EPYC ([pairs.csv](docs/results/suites/designs-12l/pairs.csv)): ahead by {}.\n"
+    assert problems_in(tmp_path, text.format("0.023 ± 0.020")) == []
+    assert problems_in(tmp_path, text.format("0.023 ± 0.032")) == [
+        "page.md:3: 0.023 ± 0.032: no (mean, std) pair rounds to it in docs/results/suites/designs-12l/pairs.csv"
+    ]
+
+
 def test_seeds_beside_a_mean_must_give_it(tmp_path):
     text = "# Depth\n\nOn the EPYC (`docs/results/cpu-depth-partial/`), pre-norm at 24 blocks: 5.051 ± 0.012 ({}).\n"
     assert problems_in(tmp_path, text.format("5.065, 5.042, 5.046")) == []
