@@ -14,7 +14,8 @@ the commit that wrote it:
     python -m tests.recorded_numbers               # record again: a change meant to change the numbers (every
                                                    # other arithmetic's record is dropped: it holds the old ones)
     python -m tests.recorded_numbers --add-machine # this arithmetic's record beside the others, or a new recipe's
-                                                   # numbers in it, where the code changed no recorded number
+                                                   # numbers in it (and a new placement's checkpoint), where the
+                                                   # code changed no recorded number
 """
 
 from __future__ import annotations
@@ -49,19 +50,19 @@ def tokens() -> torch.Tensor:
 
 
 def record(add_machine: bool = False) -> None:
-    """This machine's fingerprints into ``fingerprints.json``: beside the other arithmetics' (``add_machine``), or
-    alone with new checkpoints (a change meant to change the numbers)."""
-    if not add_machine:
-        (HERE / "checkpoints").mkdir(parents=True, exist_ok=True)
-        for placement in PLACEMENTS.names():
-            model = tiny_model(placement)
-            ids = tokens()
-            with torch.no_grad():
-                logits, _ = model(ids)
-            torch.save(
-                {"state_dict": model.state_dict(), "ids": ids, "logits": logits},
-                HERE / "checkpoints" / f"{placement}.pt",
-            )
+    """This machine's fingerprints into ``fingerprints.json``: beside the other arithmetics' (``add_machine``, which
+    writes only the checkpoints of placements that have none), or alone with new checkpoints (a change meant to
+    change the numbers)."""
+    (HERE / "checkpoints").mkdir(parents=True, exist_ok=True)
+    for placement in PLACEMENTS.names():
+        path = HERE / "checkpoints" / f"{placement}.pt"
+        if add_machine and path.exists():
+            continue  # kept: what the code computed when it was recorded; only a new placement's is written
+        model = tiny_model(placement)
+        ids = tokens()
+        with torch.no_grad():
+            logits, _ = model(ids)
+        torch.save({"state_dict": model.state_dict(), "ids": ids, "logits": logits}, path)
     cpu = torch.device("cpu")
     prints = {r: fingerprint(recipe_arch(r, "smoke"), 4, cpu, "32-true") for r in available_recipes()}
     references = {p["reference"] for p in prints.values()}

@@ -160,28 +160,29 @@ def test_resi_dual_two_streams_and_readout(toys, x):
     torch.testing.assert_close(ends.exit((xo, do)), xo + F.layer_norm(do, (C,)))
 
 
-def test_peri_ln_is_sandwich_on_normed_embeddings():
+@pytest.mark.parametrize(("normed", "plain"), [("peri_ln", "sandwich"), ("olmo2_embed_norm", "olmo2")])
+def test_a_placement_on_normed_embeddings_is_its_plain_one_after_an_embedding_norm(normed, plain):
     cfg = dict(vocab_size=64, block_size=8, n_layer=2, n_head=2, n_embd=16)
     torch.manual_seed(0)
-    peri = GPT(GPTConfig(placement="peri_ln", **cfg))
+    with_norm = GPT(GPTConfig(placement=normed, **cfg))
     torch.manual_seed(0)
-    sandwich = GPT(GPTConfig(placement="sandwich", **cfg))
-    assert isinstance(peri.stream.embed_norm, LayerNorm) and isinstance(sandwich.stream.embed_norm, nn.Identity)
+    without = GPT(GPTConfig(placement=plain, **cfg))
+    assert isinstance(with_norm.stream.embed_norm, LayerNorm) and isinstance(without.stream.embed_norm, nn.Identity)
     with torch.no_grad():
-        peri.stream.embed_norm.weight.uniform_(0.5, 1.5)
-        peri.stream.embed_norm.bias.uniform_(-0.5, 0.5)
+        with_norm.stream.embed_norm.weight.uniform_(0.5, 1.5)
+        with_norm.stream.embed_norm.bias.uniform_(-0.5, 0.5)
     idx = torch.randint(0, 64, (2, 8))
     seen = {}
-    peri.blocks[0].register_forward_pre_hook(lambda m, args: seen.setdefault("x", args[0]))
-    peri(idx)
-    x = peri.wte(idx) + peri.wpe(torch.arange(8))  # (B, T, C)
-    torch.testing.assert_close(seen["x"], ln(peri.stream.embed_norm, x))
-    state = {k: v for k, v in peri.state_dict().items() if not k.startswith("stream.embed_norm.")}
-    sandwich.load_state_dict(state)  # the same blocks and final norm: only the embedding norm is new
-    stream = ln(peri.stream.embed_norm, x)
-    for block in sandwich.blocks:
+    with_norm.blocks[0].register_forward_pre_hook(lambda m, args: seen.setdefault("x", args[0]))
+    with_norm(idx)
+    x = with_norm.wte(idx) + with_norm.wpe(torch.arange(8))  # (B, T, C)
+    torch.testing.assert_close(seen["x"], ln(with_norm.stream.embed_norm, x))
+    state = {k: v for k, v in with_norm.state_dict().items() if not k.startswith("stream.embed_norm.")}
+    without.load_state_dict(state)  # the same blocks and final norm: only the embedding norm is new
+    stream = ln(with_norm.stream.embed_norm, x)
+    for block in without.blocks:
         stream = block(stream)
-    torch.testing.assert_close(peri(idx)[0], sandwich.lm_head(sandwich.stream.exit(stream)))
+    torch.testing.assert_close(with_norm(idx)[0], without.lm_head(without.stream.exit(stream)))
 
 
 def test_rezero_shared_gates_both_sublayers_with_one_scalar(toys, x):
@@ -227,6 +228,7 @@ FINAL = {
     "resi_dual": LayerNorm,
     "resi_dual_embed": LayerNorm,
     "olmo2": LayerNorm,
+    "olmo2_embed_norm": LayerNorm,
     "hc": LayerNorm,
     "mhc": LayerNorm,
     "attnres": LayerNorm,

@@ -125,3 +125,14 @@ class NormedStream:
     @classmethod
     def residual_stream(cls, cfg: GPTConfig, make_norm: MakeNorm) -> ResidualStream:
         return ResidualStream(cfg, cls.blocks(cfg, make_norm))
+
+
+class NormedEmbeddings:
+    """Mixin for placements that norm the embeddings before the first block (Peri-LN's option, Kim et al. 2025,
+    arXiv 2502.02732: ``y_0 = Norm(x_embed)``), so that the stream starts at the RMS of the normed sublayer
+    outputs added to it rather than at the embeddings' std 0.02 under GPT-2's init. A final norm as in GPT-2."""
+
+    @classmethod
+    def residual_stream(cls, cfg: GPTConfig, make_norm: MakeNorm) -> ResidualStream:
+        blocks = cls.blocks(cfg, make_norm)
+        return ResidualStream(cfg, blocks, final_norm=make_norm(role="final"), embed_norm=make_norm())

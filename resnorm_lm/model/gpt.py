@@ -44,7 +44,8 @@ class GPTConfig:
     init: str = "gpt2"  # gpt2 | plain | xavier | xavier_rescaled: how the weights start (resnorm_lm/model/init.py)
     placement: str = (
         "prenorm"  # postnorm | prenorm | sandwich | peri_ln | deepnorm | rezero | rezero_shared | mixln | lns | b2t
-        # | resi_dual | resi_dual_embed | noresidual | olmo2 | hc | mhc | attnres | attnres_block | denseformer
+        # | resi_dual | resi_dual_embed | noresidual | olmo2 | olmo2_embed_norm | hc | mhc | attnres | attnres_block
+        # | denseformer
     )
 
     def __post_init__(self) -> None:

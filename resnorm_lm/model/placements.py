@@ -16,7 +16,7 @@ import math
 import torch
 from torch import nn
 
-from resnorm_lm.model.block import Block, MakeNorm, NormedStream, ResidualStream, Stream
+from resnorm_lm.model.block import Block, MakeNorm, NormedEmbeddings, NormedStream, ResidualStream, Stream
 from resnorm_lm.model.init import InitRule
 from resnorm_lm.registry import Registry
 
@@ -91,7 +91,7 @@ class Sandwich(Block):
 
 
 @PLACEMENTS.register("peri_ln")
-class PeriLN(Sandwich):
+class PeriLN(NormedEmbeddings, Sandwich):
     """Peri-LN with its optional embedding norm (Kim et al. 2025, arXiv 2502.02732, as an option: ``y_0 =
     Norm(x_embed)``), so the first block's stream starts at unit RMS like the normed sublayer outputs added to it
     (the embeddings alone are at std 0.02 under GPT-2's init)::
@@ -101,11 +101,6 @@ class PeriLN(Sandwich):
         emb ──> LN_emb ──┬──> LN_in ──> F ──> LN_out ──(+)──> ...
                          └──────────────────────────────┘
     """
-
-    @classmethod
-    def residual_stream(cls, cfg, make_norm: MakeNorm) -> ResidualStream:
-        blocks = cls.blocks(cfg, make_norm)
-        return ResidualStream(cfg, blocks, final_norm=make_norm(role="final"), embed_norm=make_norm())
 
 
 @PLACEMENTS.register("olmo2")
@@ -130,6 +125,21 @@ class ReorderedNorm(Block):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn_norm(self.attn(x))  # x = x + LN(Attn(x))
         return x + self.mlp_norm(self.mlp(x))  # x = x + LN(MLP(x))
+
+
+@PLACEMENTS.register("olmo2_embed_norm")
+class ReorderedNormOnNormedEmbeddings(NormedEmbeddings, ReorderedNorm):
+    """OLMo 2's reordered norm (arXiv 2501.00656) on embeddings normed as Peri-LN's option does it (arXiv
+    2502.02732): not OLMo 2's own setup, a probe of one cause of its gap at this scale. Its sublayers read the raw
+    stream, which starts at the embeddings' RMS (0.028 under GPT-2's init: token and position, std 0.02 each)
+    while each normed sublayer output added to it is as large as its norm's gain; normed, the embeddings start at
+    unit RMS::
+
+        x_0 = LN_emb(embeddings);   x = x + LN(F(x))
+
+        emb ──> LN_emb ──┬──> F ──> LN ──(+)──> ...
+                         └──────────────────┘
+    """
 
 
 @PLACEMENTS.register("deepnorm")
