@@ -695,6 +695,50 @@ def test_the_depth_table_gives_each_picks_last_block_over_its_first(tmp_path, re
     assert tmp_path / "out" / "balance.csv" in written
 
 
+def test_the_gradient_table_gives_each_picks_global_gradient_norm_over_training_and_its_clip_record(tmp_path, recipes):
+    """b's fresh seed k logs the global gradient norm at steps 0, 100, ..., 1000: 100k at the first, 50 up to the
+    middle, then k at every step from 500 on but 3k at step 700 (the second half's median k, its largest 3k), and
+    its eval.json records the clip bound at k/10 of the steps. Rows give median (min..max) over the five seeds; a
+    seed that did not learn is left out; a, which logs none, has no row; gradients.csv is written."""
+    from resnorm_lm.analysis.gradient_record import gradient_rows
+    from resnorm_lm.analysis.suite_report import write_tuned
+
+    design, outcomes, report = finished_report(tmp_path)
+    assert gradient_rows(report) == []
+    pick = report.selections["b-12l"].pick
+    for spec in outcomes:
+        if spec.recipe == "b-12l" and spec.setting == pick and spec.seed in design.seeds:
+            k = spec.seed
+            norms = {
+                s: (100.0 * k if s == 0 else 50.0 if s < 500 else 3.0 * k if s == 700 else float(k))
+                for s in range(0, 1001, 100)
+            }
+            run_dir = spec.run_dir(str(tmp_path / "runs"), "smoke")
+            lines = ["step,grad_norm/total,train/loss"] + [f"{s},{g},5.0" for s, g in norms.items()]
+            (run_dir / "metrics.csv").write_text("\n".join(lines) + "\n")
+            summary = json.loads((run_dir / "eval.json").read_text())
+            summary["clip"] = {"clipped_fraction": k / 10, "clipped_steps": 100 * k, "max_norm": 1.0, "steps": 1000}
+            (run_dir / "eval.json").write_text(json.dumps(summary))
+    (row,) = gradient_rows(report)
+    assert row == {
+        "recipe": "b-12l",
+        "seeds": 5,
+        "first": "300 (100..500)",
+        "late_median": "3 (1..5)",
+        "late_max": "9 (3..15)",
+        "clipped": "0.3 (0.1..0.5)",
+    }
+    failed = RunSpec("b-12l", pick, 5)
+    learned, report.outcomes[failed] = report.outcomes[failed], RunOutcome(failed, None, diverged=True)
+    assert gradient_rows(report)[0]["seeds"] == 4 and gradient_rows(report)[0]["late_median"] == "2.5 (1..4)"
+    report.outcomes[failed] = learned
+    written = write_tuned(report, report.rows(), table_provenance([]), False, tmp_path / "out")
+    markdown = (tmp_path / "out" / "suite.md").read_text()
+    assert "| `b-12l` | 5 | 300 (100..500) | 3 (1..5) | 9 (3..15) | 0.3 (0.1..0.5) |" in markdown
+    assert "| `a-12l` | 5 | " not in markdown.split("Gradient norm (the same seeds)")[1]
+    assert tmp_path / "out" / "gradients.csv" in written
+
+
 def test_runs_of_different_arithmetic_are_refused_in_one_table_unless_marked(tmp_path):
     specs = [RunSpec("a-12l", Setting(1e-3, 0.1), k) for k in (1, 2)] + [RunSpec("b-12l", Setting(1e-3, 0.1), 1)]
     dirs = []

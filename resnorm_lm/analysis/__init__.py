@@ -12,6 +12,7 @@
     suite_runner.py        training a suite's plan, ``jobs`` runs at a time, and the test split of its picks
     suite_report.py        the suite's tables (intervals, paired differences, failures) and figures
     depth_balance.py       the suite table's part on how its picks' blocks share the gradient and the stream
+    gradient_record.py     the suite table's part on the global gradient norm over training and the clip
     stream_gain.py         the suite table's part on HC's and mHC's stream-mix gain over training
     reuse.py               ``suite --reuse``: another suite's finished runs taken where they are this suite's, bit
                            for bit (config and arithmetic fingerprint), instead of trained twice

@@ -35,6 +35,7 @@ from resnorm_lm.analysis.evidence import (
     paired_difference,
     t_quantile,
 )
+from resnorm_lm.analysis.gradient_record import gradient_rows, gradient_table
 from resnorm_lm.analysis.plots import forest_plot, panels, save_figure
 from resnorm_lm.analysis.stream_gain import gain_rows, gain_table, plot_gain
 from resnorm_lm.analysis.sweep import NOT_LEARNING_NATS, RunOutcome, RunSpec, Setting
@@ -384,7 +385,11 @@ def tuned_markdown(report: TunedReport, rows: list[dict], provenance: TableProve
             cells.append(provenance.row_mark(r["recipe"]))
         lines.append("| " + " | ".join(cells) + " |")
     tables = (
-        ties_table(report, rows) + fit_table(rows) + balance_table(balance_rows(report)) + gain_table(gain_rows(report))
+        ties_table(report, rows)
+        + fit_table(rows)
+        + balance_table(balance_rows(report))
+        + gradient_table(gradient_rows(report))
+        + gain_table(gain_rows(report))
     )
     return "\n".join(lines + tables) + "\n"
 
@@ -583,13 +588,15 @@ def write_tables(out_dir: Path, name: str, markdown: str, tables: dict[str, list
 
 def write_tuned(report: TunedReport, rows: list[dict], provenance: TableProvenance, partial: bool, out_dir: Path):
     """A tuned suite's files: ``<name>.md``, table.csv (its rows), runs.csv (every run), pairs.csv (every pair of
-    rows' paired difference), balance.csv where runs log per-block metrics, gain.csv where they log the
-    stream-mix gain, and the figures."""
+    rows' paired difference), balance.csv where runs log per-block metrics, gradients.csv where they log the global
+    gradient norm, gain.csv where they log the stream-mix gain, and the figures."""
     markdown = tuned_markdown(report, rows, provenance, partial)
     pairs = report.pair_rows([r["recipe"] for r in rows if r.get("val_loss")])
     tables = {"table": rows, "runs": report.grid_rows(), "pairs": pairs}
     if balance := balance_rows(report):
         tables["balance"] = balance
+    if gradients := gradient_rows(report):
+        tables["gradients"] = gradients
     if gains := gain_rows(report):
         tables["gain"] = gains
     written = write_tables(out_dir, report.suite.name, markdown, tables)
