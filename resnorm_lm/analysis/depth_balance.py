@@ -45,16 +45,9 @@ def at_end(trace: list[tuple[int, float]]) -> float:
 
 def balance_rows(report: TunedReport) -> list[dict[str, Any]]:
     """One row per recipe whose pick's fresh seeds that learned log per-block metrics (see the module's docstring)."""
-    from resnorm_lm.analysis.suite_report import status_of
-
     rows = []
     for recipe in report.suite.recipes:
-        sel = report.selections[recipe]
-        learned = [
-            report.run_dir(o.spec)
-            for o in report.fresh(recipe, sel.pick, report.design.seeds).values()
-            if status_of(o, report.unigram) == "ok"
-        ]
+        learned = report.learned_runs(recipe)
         grads = [t for run in learned if (t := ratio_trace(run, GRAD_NORMS))]
         streams = [t for run in learned if (t := ratio_trace(run, STREAM_RMS))]
         if not grads and not streams:

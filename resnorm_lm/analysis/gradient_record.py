@@ -45,17 +45,9 @@ def clipped_fraction(run_dir: Path) -> float | None:
 def gradient_rows(report: TunedReport) -> list[dict[str, Any]]:
     """One row per recipe whose pick's fresh seeds that learned log the global gradient norm (see the module's
     docstring)."""
-    from resnorm_lm.analysis.suite_report import status_of
-
     rows = []
     for recipe in report.suite.recipes:
-        sel = report.selections[recipe]
-        learned = [
-            report.run_dir(o.spec)
-            for o in report.fresh(recipe, sel.pick, report.design.seeds).values()
-            if status_of(o, report.unigram) == "ok"
-        ]
-        traces = [(run, t) for run in learned if (t := norm_trace(run))]
+        traces = [(run, t) for run in report.learned_runs(recipe) if (t := norm_trace(run))]
         if not traces:
             continue
         clipped = [c for run, _ in traces if (c := clipped_fraction(run)) is not None]

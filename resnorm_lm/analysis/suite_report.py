@@ -112,6 +112,12 @@ class TunedReport:
         found = {k: self.outcomes.get(RunSpec(recipe, setting, k)) for k in seeds}
         return {k: o for k, o in found.items() if o is not None}
 
+    def learned_runs(self, recipe: str) -> list[Path]:
+        """The run directories of the pick's fresh seeds that learned, by seed."""
+        sel = self.selections[recipe]
+        found = self.fresh(recipe, sel.pick, self.design.seeds).values()
+        return [self.run_dir(o.spec) for o in found if status_of(o, self.unigram) == "ok"]
+
     def learned(self, recipe: str, split: str = "val") -> dict[int, float]:
         """{seed: loss} of the pick's fresh seeds that learned (validation from training, test from eval)."""
         sel = self.selections[recipe]
@@ -213,12 +219,7 @@ class TunedReport:
     def fit(self, recipe: str) -> dict[str, Any]:
         """Over the pick's fresh seeds that learned: the training loss at the end, the validation-minus-training
         gap, and whether validation turned up before the end (how many seeds; by how much; the best steps)."""
-        sel = self.selections[recipe]
-        fits = [
-            f
-            for o in self.fresh(recipe, sel.pick, self.design.seeds).values()
-            if status_of(o, self.unigram) == "ok" and (f := fit_of(self.run_dir(o.spec)))
-        ]
+        fits = [f for run in self.learned_runs(recipe) if (f := fit_of(run))]
         if not fits:
             return {}
         turned = [f for f in fits if f["val"] > f["best_val"]]
