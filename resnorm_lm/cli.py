@@ -1,6 +1,6 @@
 """The ``resnorm-lm`` command: ``fit``/``validate``/``test`` (``train.lightning_cli``) and ``eval``, ``compare``,
 ``generate``, ``export``, ``at-init``, ``block-ratio``, ``layer-contribution``, ``depth-weights``, ``stream-gain``,
-``machines`` (the ``analysis`` wing).
+``attention-logits``, ``machines`` (the ``analysis`` wing).
 
     resnorm-lm fit --recipe prenorm-12l --profile auto [--seed_everything 1] [--ckpt_path last] [overrides]
 
@@ -35,6 +35,7 @@ TOOLS = {  # the commands beside LightningCLI's: "module:function", the function
     "layer-contribution": "resnorm_lm.analysis.block_measurements:layer_contribution_main",
     "depth-weights": "resnorm_lm.analysis.depth_weights:main",
     "stream-gain": "resnorm_lm.analysis.token_gain:main",
+    "attention-logits": "resnorm_lm.analysis.attention_logits:main",
     "machines": "resnorm_lm.analysis.machines:main",
 }
 COMMANDS = {  # what `resnorm-lm --help` lists: LightningCLI's fit, validate and test, then the TOOLS
@@ -51,6 +52,7 @@ COMMANDS = {  # what `resnorm-lm --help` lists: LightningCLI's fit, validate and
     "layer-contribution": "trained runs' blocks at their final weights: update RMS, angular distance, loss skipped",
     "depth-weights": "what AttnRes and DenseFormer runs learned to read: each reader's weights over earlier outputs",
     "stream-gain": "HC and mHC runs' composite gain of their stream mixes at their final weights, per token (mHC's)",
+    "attention-logits": "trained runs' largest attention logit and attention entropy per block (what QK-norm bounds)",
     "machines": "which committed suites this machine can go on with (their runs' arithmetic is this machine's)",
 }
 USAGE = "usage: resnorm-lm <command> [options]   (resnorm-lm <command> --help: the command's options)"

@@ -103,14 +103,14 @@ class DepthTrainer:
             for step, scale in ((0, 1.0), (4, 0.5)):
                 norms = {k: scale * (i % n_layer + 1) for i, k in enumerate(layers)}
                 writer.writerow({"step": step, "train/loss": 6.0 - step / 4, **norms})
-        placement = yaml.safe_load(recipe_path(spec.recipe).read_text())["model"]["arch"]["placement"]
+        recipe_arch = yaml.safe_load(recipe_path(spec.recipe).read_text())["model"]["arch"]
         arch = GPTConfig(
             vocab_size=self.data["vocab_size"],
             block_size=self.data["block_size"],
             n_layer=n_layer,
             n_head=2,
             n_embd=32,
-            placement=placement,
+            **{k: recipe_arch[k] for k in ("placement", "qk_norm") if k in recipe_arch},
         )
         torch.manual_seed(spec.seed)
         model = LanguageModel(arch=arch, optim=OptimConfig())
