@@ -1,9 +1,9 @@
 """The attention logits of finished runs at their final weights: the quantity QK-norm is there to bound.
 
-Dehghani et al. (2023, arXiv 2302.05442, section 3.1.1) saw a 22B ViT diverge as its attention logits
+Dehghani et al. (2023, arXiv 2302.05442) saw ViT-22B diverge as its attention logits
 ``z_ij = <q_i, k_j> / sqrt(head_dim)`` grew until each softmax was nearly one-hot (its entropy near zero), and cured
-it by normalising queries and keys; Wortsman et al. (2023, arXiv 2309.14322, section 3.1.1) reproduce the same
-"attention logit growth" in small models trained at high learning rates, and the same cure. After an RMSNorm of
+it by normalising queries and keys; Wortsman et al. (2023, arXiv 2309.14322) reproduce the same "attention logit
+growth" in small models trained at high learning rates, and the same cure. After an RMSNorm of
 unit gain on each head's q and k, ``|z_ij| <= sqrt(head_dim)``; learned gains and a norm over all heads together
 (OLMo 2's) move that bound but keep the logits from growing with the weights. This command measures both
 quantities on a run's validation slice::
