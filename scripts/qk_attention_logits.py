@@ -22,11 +22,10 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import statistics
 import sys
 from pathlib import Path
 
-from resnorm_lm.analysis.attention_logits import run_logits
+from resnorm_lm.analysis.attention_logits import across_blocks, run_logits
 from resnorm_lm.analysis.block_measurements import DEFAULT_TOKENS, markdown_table
 from resnorm_lm.analysis.launchers import train_probe_runs
 from resnorm_lm.data.cache import atomic_write, write_csv_atomic
@@ -100,8 +99,7 @@ def table(root: Path, reuse: list[Path], export: Path | None) -> int:
                 continue
             blocks, _, qk_norm = run_logits(run, TOKENS)
             loss, committed = RunDir(run).summary().get("val_loss"), RunDir(committed_run(recipe, lr, warmup))
-            top = max(range(len(blocks)), key=lambda b: blocks[b].max_abs_logit)
-            low = min(range(len(blocks)), key=lambda b: min(blocks[b].head_entropy))
+            stack = across_blocks(blocks)
             rows.append(
                 {
                     "recipe": f"`{recipe}`",
@@ -112,10 +110,10 @@ def table(root: Path, reuse: list[Path], export: Path | None) -> int:
                     "the committed run's, to the last digit": "yes"
                     if committed.summary().get("val_loss") == loss
                     else "no",
-                    "largest logit (block)": f"{blocks[top].max_abs_logit:.3g} ({top})",
-                    "each block's largest: median": f"{statistics.median(b.max_abs_logit for b in blocks):.3g}",
-                    "attention entropy (nats): mean": f"{sum(b.mean_entropy for b in blocks) / len(blocks):.2f}",
-                    "lowest head (block)": f"{min(blocks[low].head_entropy):.3f} ({low})",
+                    "largest logit (block)": f"{stack.largest:.3g} ({stack.largest_block})",
+                    "each block's largest: median": f"{stack.median_largest:.3g}",
+                    "attention entropy (nats): mean": f"{stack.mean_entropy:.2f}",
+                    "lowest head (block)": f"{stack.lowest_head:.3f} ({stack.lowest_block})",
                 }
             )
             per_block += [

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import statistics
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -45,6 +46,31 @@ class BlockLogits:
     @property
     def mean_entropy(self) -> float:
         return sum(self.head_entropy) / len(self.head_entropy)
+
+
+@dataclass
+class StackLogits:
+    """A model's ``BlockLogits`` across its blocks: what one row of a table says."""
+
+    largest: float  # the largest |z_ij| of any block
+    largest_block: int
+    median_largest: float  # the median over the blocks of each one's largest
+    mean_entropy: float  # over heads and blocks
+    lowest_head: float  # the lowest head's mean entropy, of any block
+    lowest_block: int
+
+
+def across_blocks(blocks: list[BlockLogits]) -> StackLogits:
+    top = max(range(len(blocks)), key=lambda b: blocks[b].max_abs_logit)
+    low = min(range(len(blocks)), key=lambda b: min(blocks[b].head_entropy))
+    return StackLogits(
+        blocks[top].max_abs_logit,
+        top,
+        statistics.median(b.max_abs_logit for b in blocks),
+        sum(b.mean_entropy for b in blocks) / len(blocks),
+        min(blocks[low].head_entropy),
+        low,
+    )
 
 
 @contextlib.contextmanager
@@ -133,18 +159,16 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, FileNotFoundError) as err:
             print(f"attention-logits: error: {err}", file=sys.stderr)
             return 2
-        top = max(range(len(blocks)), key=lambda b: blocks[b].max_abs_logit)
-        low = min(range(len(blocks)), key=lambda b: min(blocks[b].head_entropy))
-        median = torch.tensor([b.max_abs_logit for b in blocks]).median()
+        stack = across_blocks(blocks)
         rows.append(
             {
                 "run": str(run_dir),
                 "qk_norm": qk_norm,
                 "step": step,
-                "largest logit (block)": f"{blocks[top].max_abs_logit:.3g} ({top})",
-                "median over blocks of each one's largest": f"{median:.3g}",
-                "mean entropy": f"{sum(b.mean_entropy for b in blocks) / len(blocks):.3f}",
-                "lowest head's (block)": f"{min(blocks[low].head_entropy):.3f} ({low})",
+                "largest logit (block)": f"{stack.largest:.3g} ({stack.largest_block})",
+                "median over blocks of each one's largest": f"{stack.median_largest:.3g}",
+                "mean entropy": f"{stack.mean_entropy:.3f}",
+                "lowest head's (block)": f"{stack.lowest_head:.3f} ({stack.lowest_block})",
             }
         )
         csv_rows += [
