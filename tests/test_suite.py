@@ -15,6 +15,7 @@ import yaml
 
 from resnorm_lm.analysis.evidence import ProvenanceError, table_provenance
 from resnorm_lm.analysis.suite import (
+    SUITE_DESIGNS,
     SeedPilot,
     SuiteError,
     SuiteTrainer,
@@ -27,7 +28,7 @@ from resnorm_lm.analysis.suite import (
 )
 from resnorm_lm.analysis.suite_report import TunedReport, tuned_markdown
 from resnorm_lm.analysis.sweep import RunOutcome, RunSpec, Setting
-from tests.smoke import run_cli_captured, write_learnable_corpus
+from tests.smoke import REPO, run_cli_captured, write_learnable_corpus
 
 LRS = [0.001, 0.002, 0.004, 0.008]
 UNIGRAM = 6.4
@@ -196,6 +197,47 @@ def test_a_second_horizon_that_changes_more_than_max_steps_is_refused(tmp_path, 
     with pytest.raises(SuiteError) as err:
         load(str(horizon_file(tmp_path, **change)))
     assert said in str(err.value)
+
+
+def test_a_second_horizon_may_narrow_each_recipes_grid_and_nothing_else(tmp_path, recipes):
+    """tuned-around: each recipe tunes on its own grid (of one length and spacing), the rest of the budget as the
+    first horizon's; a grid of another spacing, a recipe left out or a seed changed is refused, and said."""
+    budget = yaml.safe_load(suite_file(tmp_path).read_text())["budget"]
+    around = {"a-12l": [0.001, 0.002, 0.004], "b-12l": [0.004, 0.008, 0.016]}
+    long = load(str(horizon_file(tmp_path, design="tuned-around", budget={**budget, "lrs": around})))
+    design = SUITE_DESIGNS.get(long.design)(long)
+    assert design.max_runs == 3 * 2 + 2 + 5 + 2
+    for recipe, lrs in around.items():
+        grid = [s.setting for s in design.plan({}) if s.recipe == recipe]
+        assert grid == [Setting(lr, w) for w in (0.1, 0.3) for lr in lrs]
+    # a pick at its grid's top edge extends beyond it by the grid's own factor, as tuned does
+    done = outcomes_for(design, "b-12l", bowl(0.05))
+    assert {Setting(0.032, 0.3), Setting(0.064, 0.3)} <= {s.setting for s in done}
+    assert "LRs per recipe (a-12l 0.001, 0.002, 0.004; b-12l 0.004, 0.008, 0.016)" == design.grid_text()
+    refused = [
+        ({"lrs": LRS}, "one list per recipe, a mapping with exactly a-12l, b-12l"),
+        ({"lrs": {"a-12l": [0.001, 0.002, 0.004]}}, "one list per recipe"),
+        ({"lrs": {**around, "b-12l": [0.004, 0.016, 0.064]}}, "the same length and spacing"),
+        ({"lrs": {**around, "b-12l": [0.004, 0.008]}}, "budget.lrs.b-12l: at least three learning rates"),
+        ({"lrs": around, "seeds": [1, 2, 3]}, "its sections differ"),
+    ]
+    for change, said in refused:
+        with pytest.raises(SuiteError) as err:
+            load(str(horizon_file(tmp_path, design="tuned-around", budget={**budget, **change})))
+        assert said in str(err.value), (change, str(err.value))
+
+
+def test_the_cpus_second_horizon_narrows_each_grid_to_its_500_step_pick_and_neighbours():
+    """placements-12l-2000's rule (its header): each recipe's LRs are its pick's LR in placements-12l's committed
+    table and the 500-step grid's LRs on either side of it."""
+    base, long = load("placements-12l"), load("placements-12l-2000")
+    grid = SUITE_DESIGNS.get(base.design)(base).lrs
+    with (REPO / "docs/results/suites/placements-12l/table.csv").open(newline="") as f:
+        picks = {row["recipe"]: float(row["lr"]) for row in csv.DictReader(f) if row["status"] == "complete"}
+    design = SUITE_DESIGNS.get(long.design)(long)
+    for recipe in long.recipes:
+        i = grid.index(picks[recipe])
+        assert design.lrs_of(recipe) == grid[i - 1 : i + 2], recipe
 
 
 def test_a_second_horizon_says_which_verdicts_change(tmp_path, recipes, monkeypatch, capsys):
@@ -426,7 +468,7 @@ def test_progress_says_the_time_left_at_each_recipes_own_pace(tmp_path, recipes,
 
     suite = load(str(suite_file(tmp_path)))
     design = TunedBudget(suite)
-    grid = [RunSpec(r, s, 0) for r in ("a-12l", "b-12l") for s in design.grid()]
+    grid = [RunSpec(r, s, 0) for r in ("a-12l", "b-12l") for s in design.grid(r)]
     progress = Progress(suite, design, str(tmp_path), jobs=2)
     progress.say({}, [], grid)
     said = "suite suite: 0 runs finished, 0 training, 16 more wanted now (at most 34 in all)\n"

@@ -24,10 +24,15 @@ if TYPE_CHECKING:
 
 def horizon_mismatch(suite: Suite, base: Suite) -> str | None:
     """What keeps ``suite`` from being a second horizon of ``base`` (None: nothing): the same design, profile,
-    arithmetic, reference, budget and train overrides but trainer.max_steps, some or all of its recipes."""
+    arithmetic, reference, budget and train overrides but trainer.max_steps, some or all of its recipes. One
+    difference is allowed: a ``tuned-around`` suite may repeat a ``tuned`` one on a grid of each recipe's own (its
+    ``budget.lrs``), the rest of the budget the same."""
     for what in ("design", "profile", "arithmetic", "reference", "sections"):
-        if getattr(base, what) != getattr(suite, what):
-            return f"its {what} differs ({getattr(suite, what)} against {getattr(base, what)}); change max_steps only"
+        mine, theirs = getattr(suite, what), getattr(base, what)
+        if (suite.design, base.design) == ("tuned-around", "tuned") and what in ("design", "sections"):
+            mine, theirs = _without_lrs(mine), _without_lrs(theirs)
+        if mine != theirs:
+            return f"its {what} differs ({mine} against {theirs}); change max_steps only"
     extra = [r for r in suite.recipes if r not in base.recipes]
     if extra:
         return f"{', '.join(extra)} not in {base.name}; a second horizon takes some or all of its recipes"
@@ -38,6 +43,13 @@ def horizon_mismatch(suite: Suite, base: Suite) -> str | None:
     if suite.max_steps is None or suite.max_steps == base.max_steps:
         return f"trainer.max_steps must differ from {base.name}'s ({base.max_steps})"
     return None
+
+
+def _without_lrs(value: Any) -> Any:
+    """A design name or sections with the grid's LRs left out: ``tuned-around`` narrows only those."""
+    if isinstance(value, str):
+        return "tuned" if value == "tuned-around" else value
+    return {**value, "budget": {k: v for k, v in value.get("budget", {}).items() if k != "lrs"}}
 
 
 def interval_from(row: dict[str, Any], key: str) -> Interval | None:

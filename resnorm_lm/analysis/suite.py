@@ -193,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
 #
 # * ``tuned`` (``TunedBudget``): the same budget algorithm for every recipe, a fixed number of runs at
 #   most, fresh seeds at each recipe's pick;
+# * ``tuned-around`` (``TunedAroundPicks``): the same, on a grid of each recipe's own, every grid of one length and
+#   spacing (a second horizon's grid narrowed to each recipe's pick at the first and its neighbours);
 # * ``seeds`` (``SeedPilot``): fixed settings, seeds that vary the init, the data order or both, to
 #   measure how much of the spread each source is and what pairing by seed buys.
 #
@@ -202,13 +204,13 @@ SUITES_DIR = RECIPES_DIR / "suites"
 ARITHMETICS = ("portable", "native")  # portable: arithmetic.PORTABLE_ENV for every run; native: this machine's own
 KEYS = {
     "about": "one line: the question the suite answers",
-    "design": "tuned (the budget algorithm) or seeds (the seed pilot)",
+    "design": "tuned (the budget algorithm), tuned-around (it, on each recipe's own grid) or seeds (the seed pilot)",
     "profile": "the profile every run trains at (recipes/profiles/)",
     "recipes": "the recipes compared, a list",
     "reference": "the recipe the others' paired differences are taken from",
     "train": "LightningCLI overrides every run trains with, as `key: value` (trainer.max_steps: 500, ...)",
     "arithmetic": "portable (the default) or native",
-    "budget": "the tuned design's grid, extensions and seeds",
+    "budget": "the tuned designs' grid, extensions and seeds",
     "pilot": "the seeds design's settings and seeds",
     "horizon_of": "a suite this one repeats at another trainer.max_steps, all else equal (a second horizon)",
     "compute_of": "{suite: <a suite>, recipe: <its design>}: its reference at that design's training FLOPs",
@@ -470,6 +472,15 @@ def _numbers(section: dict, key: str, where: str, kind=float, positive: bool = T
     return values
 
 
+def _grid_lrs(values, where: str) -> list[float]:
+    """A grid's LRs, sorted: at least three, so that a pick can lie inside the grid."""
+    section, key = where.rsplit(".", 1)
+    lrs = sorted(_numbers({key: values}, key, section))
+    if len(lrs) < 3:
+        raise ValueError(f"{where}: at least three learning rates, so that a pick can lie inside the grid")
+    return lrs
+
+
 class Design:
     """A suite's design: ``check`` its section of the file, ``plan`` its runs."""
 
@@ -533,9 +544,7 @@ class TunedBudget(Design):
     def __init__(self, suite) -> None:
         super().__init__(suite)
         budget = self.own_section()
-        self.lrs = sorted(_numbers(budget, "lrs", "budget"))
-        if len(self.lrs) < 3:
-            raise ValueError("budget.lrs: at least three learning rates, so that a pick can lie inside the grid")
+        self.lrs = self.grid_lrs(budget)
         self.warmups = sorted(_numbers(budget, "warmups", "budget", positive=False))
         if not all(0 <= w < 1 for w in self.warmups):
             raise ValueError(f"budget.warmups: fractions of the run in [0, 1), got {budget['warmups']!r}")
@@ -554,18 +563,30 @@ class TunedBudget(Design):
             raise ValueError(f"budget.extensions: a count >= 0, got {self.extensions}")
         self.lr_tolerance = float(budget.get("lr_tolerance", 0.05))
 
+    def grid_lrs(self, budget: dict) -> list[float]:
+        """The grid's LRs, one list for every recipe."""
+        return _grid_lrs(budget["lrs"] if "lrs" in budget else None, "budget.lrs")
+
+    def lrs_of(self, recipe: str) -> list[float]:
+        return self.lrs
+
     @property
     def max_runs(self) -> int:
         """The most runs any recipe gets."""
-        return len(self.lrs) * len(self.warmups) + self.extensions + len(self.seeds) + len(self.runner_up_seeds)
+        grid = len(self.lrs_of(self.suite.recipes[0])) * len(self.warmups)
+        return grid + self.extensions + len(self.seeds) + len(self.runner_up_seeds)
 
-    def grid(self) -> list[Setting]:
-        return [Setting(lr, warmup) for warmup in self.warmups for lr in self.lrs]
+    def grid(self, recipe: str) -> list[Setting]:
+        return [Setting(lr, warmup) for warmup in self.warmups for lr in self.lrs_of(recipe)]
+
+    def grid_text(self) -> str:
+        """The grid's LRs as the table's protocol line says them."""
+        return "LRs " + ", ".join(f"{lr:g}" for lr in self.lrs)
 
     def select(self, recipe: str, outcomes: dict[RunSpec, RunOutcome]) -> tuple[Selection, list[RunSpec]]:
         """The recipe's selection from the finished runs, and the selection-seed runs it wants so far."""
         sel = Selection(recipe)
-        wanted = [RunSpec(recipe, s, self.selection_seed) for s in self.grid()]
+        wanted = [RunSpec(recipe, s, self.selection_seed) for s in self.grid(recipe)]
         if any(spec not in outcomes for spec in wanted):
             sel.scores = {s.setting: score(outcomes[s]) for s in wanted if s in outcomes}  # the grid so far, drawn
             return sel, wanted
@@ -614,6 +635,41 @@ class TunedBudget(Design):
                 if sel.runner_up is not None:
                     wanted += [RunSpec(recipe, sel.runner_up, k) for k in self.runner_up_seeds]
         return wanted
+
+
+@SUITE_DESIGNS.register("tuned-around")
+class TunedAroundPicks(TunedBudget):
+    """The budget algorithm on a grid of each recipe's own: ``budget.lrs`` maps every recipe to its LRs, all lists
+    of one length and one spacing, so that every recipe has the same chance (e.g. a second horizon's grid narrowed
+    to each recipe's pick at the first and its neighbours; the suite file states the rule it follows). Everything
+    else is ``tuned``'s: warmups, extensions beyond an edge pick, seeds."""
+
+    def grid_lrs(self, budget: dict) -> dict[str, list[float]]:
+        given = budget.get("lrs")
+        recipes = self.suite.recipes
+        if not isinstance(given, dict) or sorted(given) != sorted(recipes):
+            raise ValueError(
+                f"budget.lrs: design tuned-around takes one list per recipe, a mapping with exactly "
+                f"{', '.join(recipes)}, e.g. {recipes[0]}: [0.002, 0.004, 0.008]"
+            )
+        lrs = {recipe: _grid_lrs(given[recipe], f"budget.lrs.{recipe}") for recipe in recipes}
+        ratios = {recipe: tuple(round(b / a, 6) for a, b in zip(v, v[1:])) for recipe, v in lrs.items()}
+        if len(set(ratios.values())) > 1:
+            raise ValueError(
+                "budget.lrs: every recipe's grid must have the same length and spacing (the same chance for each), "
+                "got " + "; ".join(f"{r}: {', '.join(f'{x:g}' for x in lrs[r])}" for r in recipes)
+            )
+        return lrs
+
+    def lrs_of(self, recipe: str) -> list[float]:
+        return self.lrs[recipe]
+
+    def grid_text(self) -> str:
+        return (
+            "LRs per recipe ("
+            + "; ".join(f"{recipe} {', '.join(f'{lr:g}' for lr in lrs)}" for recipe, lrs in self.lrs.items())
+            + ")"
+        )
 
 
 @SUITE_DESIGNS.register("seeds")

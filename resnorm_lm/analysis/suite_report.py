@@ -155,9 +155,10 @@ class TunedReport:
             row: dict[str, Any] = {"recipe": recipe, "runs": spent, "max_runs": d.max_runs}
             row["settings_learned"] = self.settings_learned(recipe)
             if sel.pick is None:
-                done = sum(1 for s in d.grid() if RunSpec(recipe, s, d.selection_seed) in self.outcomes)
+                grid = d.grid(recipe)
+                done = sum(1 for s in grid if RunSpec(recipe, s, d.selection_seed) in self.outcomes)
                 row["status"] = (
-                    f"selection: {done}/{len(d.grid())} grid runs" if not sel.complete else "diverged at every setting"
+                    f"selection: {done}/{len(grid)} grid runs" if not sel.complete else "diverged at every setting"
                 )
                 rows.append(row)
                 continue
@@ -319,7 +320,7 @@ def tuned_markdown(report: TunedReport, rows: list[dict], provenance: TableProve
         "",
         f"Protocol: profile `{suite.profile}`; every run with "
         + ", ".join(f"`{a[2:]}`" for a in suite.train_args())
-        + f". Budget: LRs {', '.join(map(_lr, d.lrs))} x warmup fractions "
+        + f". Budget: {d.grid_text()} x warmup fractions "
         f"{', '.join(f'{w:g}' for w in d.warmups)} at selection seed {d.selection_seed}; up to "
         f"{d.extensions} one-point LR extensions beyond an edge pick; then seeds "
         f"{', '.join(map(str, d.seeds))} at the pick and {', '.join(map(str, d.runner_up_seeds))} at the "
@@ -633,7 +634,7 @@ def plot_lr_panels(report: TunedReport, rows: list[dict], out_dir: Path) -> Path
     for ax, recipe in zip(axes, recipes):
         sel = report.selections[recipe]
         ax.set_title(recipe, fontsize=9)
-        lrs = [*report.design.lrs, *(s.lr for s in sel.extensions)]
+        lrs = [*report.design.lrs_of(recipe), *(s.lr for s in sel.extensions)]
         ax.set_xscale("log")
         ax.set_xlim(min(lrs) / 1.4, max(lrs) * 1.4)  # the budget's LRs, whatever has run so far
         ax.tick_params(labelsize=7)
