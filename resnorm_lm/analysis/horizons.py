@@ -142,8 +142,9 @@ def horizons_markdown(
         "",
         *[f"- {suite} ({steps_}): {line}" for (suite, steps_), found in provenance.items() for line in found],
         "",
-        f"Each recipe tuned at each horizon with the same budget; Δ val: paired by seed against the reference, mean "
-        f"± 95% t interval over the fresh seeds (the two suites' tables: `{short_name}.md`, `{name}.md`). A verdict "
+        "Each recipe tuned at each horizon by the same budget algorithm (each table's protocol line gives its grid); "
+        f"Δ val: paired by seed against the reference, mean ± 95% t interval over the fresh seeds (the two suites' "
+        f"tables: `{short_name}.md`, `{name}.md`). A verdict "
         "is 'ahead' or 'behind' only where the interval excludes zero, else a tie (where the end nearer zero rounds "
         "to 0.000, the verdict says where it ends); 'changed' compares the verdicts. "
         f"At {long} steps: validation minus training loss, and the seeds whose validation was lower before the end.",
