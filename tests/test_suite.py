@@ -199,9 +199,13 @@ def test_a_second_horizon_that_changes_more_than_max_steps_is_refused(tmp_path, 
     assert said in str(err.value)
 
 
-def test_a_second_horizon_may_narrow_each_recipes_grid_and_nothing_else(tmp_path, recipes):
+def test_a_second_horizon_may_narrow_each_recipes_grid_and_nothing_else(tmp_path, recipes, monkeypatch):
     """tuned-around: each recipe tunes on its own grid (of one length and spacing), the rest of the budget as the
-    first horizon's; a grid of another spacing, a recipe left out or a seed changed is refused, and said."""
+    first horizon's, and its table says each grid; a grid of another spacing, a recipe left out or a seed changed is
+    refused, and said."""
+    from resnorm_lm.analysis import suite as suite_module
+
+    monkeypatch.setattr(suite_module, "unigram_reference", lambda run_dir: UNIGRAM)
     budget = yaml.safe_load(suite_file(tmp_path).read_text())["budget"]
     around = {"a-12l": [0.001, 0.002, 0.004], "b-12l": [0.004, 0.008, 0.016]}
     long = load(str(horizon_file(tmp_path, design="tuned-around", budget={**budget, "lrs": around})))
@@ -214,6 +218,17 @@ def test_a_second_horizon_may_narrow_each_recipes_grid_and_nothing_else(tmp_path
     done = outcomes_for(design, "b-12l", bowl(0.05))
     assert {Setting(0.032, 0.3), Setting(0.064, 0.3)} <= {s.setting for s in done}
     assert "LRs per recipe (a-12l 0.001, 0.002, 0.004; b-12l 0.004, 0.008, 0.016)" == design.grid_text()
+    for spec in [*outcomes_for(design, "a-12l", bowl(0.002)), *done]:
+        fake_run(tmp_path / "long", spec, bowl(0.002 if spec.recipe == "a-12l" else 0.05)(spec.setting, spec.seed))
+    results = tmp_path / "results"
+    assert (
+        main([str(tmp_path / "long.yaml"), "--root", str(tmp_path / "long"), "--no-train", "--results", str(results)])
+        == 0
+    )
+    table = (results / "long" / "long.md").read_text()
+    assert "Budget: LRs per recipe (a-12l 0.001, 0.002, 0.004; b-12l 0.004, 0.008, 0.016) x warmup fractions" in table
+    b = next(row for row in csv.DictReader((results / "long" / "table.csv").open()) if row["recipe"] == "b-12l")
+    assert (float(b["lr"]), b["lr_edge"], b["runs"]) == (0.064, "highest", "15")  # two extensions, still at the edge
     refused = [
         ({"lrs": LRS}, "one list per recipe, a mapping with exactly a-12l, b-12l"),
         ({"lrs": {"a-12l": [0.001, 0.002, 0.004]}}, "one list per recipe"),
