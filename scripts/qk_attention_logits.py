@@ -4,10 +4,10 @@ Wortsman et al. (2023, arXiv 2309.14322) reproduce in small models the instabili
 2302.05442) met in ViT-22B: at high learning rates the attention logits ``q.k / sqrt(head_dim)`` grow until each
 softmax is nearly one-hot, and QK-norm prevents it. The suites keep no checkpoints, so this probe trains again, from
 their committed configs, the selection seed's runs of pre-norm (suite ``placements-12l``) and of pre-norm with
-OLMo 2's QK-norm (``prenorm-12l-qknorm``, suite ``designs-12l``) at a few settings of their grids, each exactly as
-the suite trained it (its config, the portable arithmetic: the same losses to the last digit on a machine of the
-suite's arithmetic, which the table checks), and measures each at its final weights with ``resnorm-lm
-attention-logits``::
+OLMo 2's QK-norm (``prenorm-12l-qknorm``, suite ``designs-12l``) and with QK-norm per head (``-qknorm-head``) at a
+few settings of their grids, each exactly as the suite trained it (its config, the portable arithmetic: the same
+losses to the last digit on a machine of the suite's arithmetic, which the table checks), and measures each at its
+final weights with ``resnorm-lm attention-logits``::
 
     python scripts/qk_attention_logits.py train [--root runs/qk-logits] [--reuse runs/suites/designs-12l] [--jobs 1]
     python scripts/qk_attention_logits.py table [--root runs/qk-logits] [--reuse ...] [--export docs/results/qk-logits]
@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 import os
 import sys
 from pathlib import Path
 
-from resnorm_lm.analysis.attention_logits import across_blocks, run_logits
+from resnorm_lm.analysis.attention_logits import across_blocks, cap_text, run_logits
 from resnorm_lm.analysis.block_measurements import DEFAULT_TOKENS, markdown_table
 from resnorm_lm.analysis.launchers import train_probe_runs
 from resnorm_lm.data.cache import atomic_write, write_csv_atomic
@@ -114,10 +115,12 @@ def table(root: Path, reuse: list[Path], export: Path | None) -> int:
                     "each block's largest: median": f"{stack.median_largest:.3g}",
                     "attention entropy (nats): mean": f"{stack.mean_entropy:.2f}",
                     "lowest head (block)": f"{stack.lowest_head:.3f} ({stack.lowest_block})",
+                    "each block's largest over its cap: median": cap_text(stack),
                 }
             )
             per_block += [
                 {"recipe": recipe, "lr": lr, "warmup": warmup, "block": i, "max_abs_logit": b.max_abs_logit}
+                | {"cap": b.cap if math.isfinite(b.cap) else ""}
                 | {f"entropy_head_{h}": e for h, e in enumerate(b.head_entropy)}
                 for i, b in enumerate(blocks)
             ]
@@ -127,9 +130,9 @@ def table(root: Path, reuse: list[Path], export: Path | None) -> int:
         f"Seed 0, each run at its final weights (step 500), on the first {TOKENS:,} validation targets: the largest "
         "attention logit |q.k|/sqrt(head_dim) over heads, positions and blocks, and the median over the 12 blocks of "
         "each one's largest; each head's attention entropy averaged over query positions (nats; a row of i + 1 keys "
-        "has at most log(i + 1)), the mean over heads and blocks and the lowest head's.\n\n"
-        + markdown_table(rows)
-        + "\n"
+        "has at most log(i + 1)), the mean over heads and blocks and the lowest head's; and where there is QK-norm, "
+        "each block's largest logit over its cap (the largest its QK-norm allows at the run's gains, "
+        "`logit_cap`), the median over the blocks.\n\n" + markdown_table(rows) + "\n"
     )
     print(text)
     if export is not None and rows:

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from resnorm_lm.analysis.attention_logits import main, measure, recorded_queries_keys
+from resnorm_lm.analysis.attention_logits import logits_and_entropy, main, measure, recorded_queries_keys
 from resnorm_lm.analysis.sweep import RunSpec, Setting
 from resnorm_lm.model.gpt import GPT, GPTConfig
 from resnorm_lm.targets import IGNORE_INDEX
@@ -124,3 +124,30 @@ def test_sdpa_and_the_recorded_logits_agree_under_qk_norm():
     torch.testing.assert_close(
         weights, z.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), -math.inf).softmax(-1)
     )
+
+
+@pytest.mark.parametrize(
+    "qk_norm, at_init", [("none", math.inf), ("per_head", math.sqrt(C // HEADS)), ("full", C / math.sqrt(C // HEADS))]
+)
+def test_each_qk_norms_cap_bounds_its_logits_and_is_reached_on_one_coordinate(qk_norm, at_init):
+    """``logit_cap``: sqrt(head_dim) * max |g_q g_k| per head, C / sqrt(head_dim) * max |g_q g_k| over all heads
+    (at init sqrt(head_dim) and C / sqrt(head_dim)); random queries and keys stay under it at learned gains, and
+    queries and keys that put all their weight on the coordinate of the largest gains reach it."""
+    model = tiny(qk_norm, norm_eps=1e-12)
+    blocks = measure(model, torch.randint(0, 64, (2, T)), torch.zeros(2, T, dtype=torch.long))
+    assert [b.cap for b in blocks] == pytest.approx([at_init] * 2)
+    if qk_norm == "none":
+        return
+    norm = model.blocks[0].attn.qk_norm
+    with torch.no_grad():  # the norms' weights require grad
+        norm.q_norm.weight.uniform_(0.5, 2.0), norm.k_norm.weight.uniform_(-2.0, 2.0)
+        hs, counted = C // HEADS, torch.ones(1, T, dtype=torch.bool)
+        gains = (norm.q_norm.weight * norm.k_norm.weight).abs()
+        assert norm.logit_cap() == pytest.approx(gains.max().item() * at_init)
+        largest, _ = logits_and_entropy(*norm(torch.randn(1, T, C) * 30, torch.randn(1, T, C) * 30), HEADS, counted)
+        assert 0 < largest < norm.logit_cap()
+        i = int(gains.argmax()) % hs if qk_norm == "per_head" else int(gains.argmax())  # per head: the shared gains
+        one_hot = torch.zeros(1, T, C)
+        one_hot[..., i] = 3.0  # every position: all of q and k on coordinate i (of every head, per head)
+        largest, _ = logits_and_entropy(*norm(one_hot, one_hot), HEADS, counted)
+        assert largest == pytest.approx(norm.logit_cap(), rel=1e-6)

@@ -4,6 +4,7 @@ configs, measured at their final weights, and the table that says whether each l
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -48,6 +49,7 @@ def finished_copy(probe, recipe: str, lr: str, warmup: str, root: Path, val_loss
 
 def test_train_trains_only_what_no_root_has(probe, tmp_path, monkeypatch):
     monkeypatch.setattr(probe, "SETTINGS", [("0.004", "0.25"), ("0.016", "0.25")])
+    monkeypatch.setattr(probe, "RECIPES", {r: probe.RECIPES[r] for r in ("prenorm-12l", "prenorm-12l-qknorm")})
     suite_root = tmp_path / "suite"
     finished_copy(probe, "prenorm-12l-qknorm", "0.016", "0.25", suite_root)
     handed = {}
@@ -63,6 +65,7 @@ def test_the_table_measures_each_run_and_checks_its_loss_against_the_committed_o
     probe, tmp_path, monkeypatch, capsys
 ):
     monkeypatch.setattr(probe, "SETTINGS", [("0.016", "0.25"), ("0.004", "0.25")])
+    monkeypatch.setattr(probe, "RECIPES", {r: probe.RECIPES[r] for r in ("prenorm-12l", "prenorm-12l-qknorm")})
     root, suite_root = tmp_path / "runs", tmp_path / "suite"
     finished_copy(probe, "prenorm-12l", "0.016", "0.25", root)  # the same loss as committed
     finished_copy(probe, "prenorm-12l", "0.004", "0.25", root, val_loss=9.0)  # another arithmetic's
@@ -70,20 +73,26 @@ def test_the_table_measures_each_run_and_checks_its_loss_against_the_committed_o
 
     def fake_logits(run, tokens):
         big = "qknorm" not in str(run)
-        blocks = [BlockLogits(1500.0 if big else 26.0, [0.04, 0.9]), BlockLogits(700.0 if big else 15.0, [0.5, 0.7])]
+        caps = (math.inf, math.inf) if big else (30.0, 20.0)  # QK-norm's: its largest 26/30 and 15/20 of them
+        blocks = [
+            BlockLogits(1500.0 if big else 26.0, [0.04, 0.9], caps[0]),
+            BlockLogits(700.0 if big else 15.0, [0.5, 0.7], caps[1]),
+        ]
         return blocks, 500, "none" if big else "full"
 
     monkeypatch.setattr(probe, "run_logits", fake_logits)
     assert probe.table(root, [suite_root], tmp_path / "export") == 0
     out = capsys.readouterr().out
-    assert "| `prenorm-12l` | none | 0.016 | 0.25 | 5.383 | yes | 1.5e+03 (0) | 1.1e+03 | 0.54 | 0.040 (0) |" in out
+    assert "| `prenorm-12l` | none | 0.016 | 0.25 | 5.383 | yes | 1.5e+03 (0) | 1.1e+03 | 0.54 | 0.040 (0) | - |" in out
     assert "| `prenorm-12l` | none | 0.004 | 0.25 | 9.000 | no |" in out
     assert "| `prenorm-12l-qknorm` | full | 0.016 | 0.25 |" in out and "| 26 (0) | 20.5 |" in out
+    assert "| 0.54 | 0.040 (0) | 0.81 |" in out  # the median of 26/30 and 15/20
     assert "prenorm-12l-qknorm at 0.004/0.25: no finished run with a checkpoint yet" in out
     exported = tmp_path / "export"
     assert (exported / "run-files/prenorm-12l" / probe.run_name("0.016", "0.25") / "eval.json").is_file()
     assert not (exported / "run-files/prenorm-12l-qknorm").exists()  # the suite's runs are committed with it
     assert not list(exported.rglob("*.ckpt"))
     lines = (exported / "blocks.csv").read_text().splitlines()
-    assert lines[0] == "recipe,lr,warmup,block,max_abs_logit,entropy_head_0,entropy_head_1" and len(lines) == 7
+    assert lines[0] == "recipe,lr,warmup,block,max_abs_logit,cap,entropy_head_0,entropy_head_1" and len(lines) == 7
+    assert [line.split(",")[5] for line in lines[1:]] == ["", "", "", "", "30.0", "20.0"]
     assert "| `prenorm-12l` | none | 0.016 |" in (exported / "qk-logits.md").read_text()

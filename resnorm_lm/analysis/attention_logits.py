@@ -5,16 +5,17 @@ Dehghani et al. (2023, arXiv 2302.05442) saw ViT-22B diverge as its attention lo
 it by normalising queries and keys; Wortsman et al. (2023, arXiv 2309.14322) reproduce the same "attention logit
 growth" in small models trained at high learning rates, and the same cure. After an RMSNorm of
 unit gain on each head's q and k, ``|z_ij| <= sqrt(head_dim)``; learned gains and a norm over all heads together
-(OLMo 2's) move that bound but keep the logits from growing with the weights. This command measures both
-quantities on a run's validation slice::
+(OLMo 2's) move that bound but keep the logits from growing with the weights (each QK-norm's ``logit_cap`` gives
+its bound at the run's gains). This command measures both quantities on a run's validation slice::
 
     resnorm-lm attention-logits runs/.../prenorm-12l/cpu-lr0.016-wf0.25-seed0 \
         runs/.../prenorm-12l-qknorm/cpu-lr0.016-wf0.25-seed0 --csv logits.csv
 
 Per block: the largest ``|z_ij|`` over the heads, the query positions and the keys each may attend to (j <= i),
 the mean over the query positions of each head's attention entropy in nats (row i has at most log(i + 1)), and the
-lowest head's. The queries and keys are what the attention's QK-norm hands to the softmax (``qk_norm``'s output:
-the projections themselves where the recipe has none), so the logits are the ones the model computed.
+lowest head's; and the block's cap, the largest ``|z_ij|`` its QK-norm allows at its gains (none without one). The
+queries and keys are what the attention's QK-norm hands to the softmax (``qk_norm``'s output: the projections
+themselves where the recipe has none), so the logits are the ones the model computed.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class BlockLogits:
 
     max_abs_logit: float  # the largest |z_ij| over heads, counted query positions i and keys j <= i
     head_entropy: list[float]  # per head, the mean over counted query positions of the softmax's entropy (nats)
+    cap: float = math.inf  # the largest |z_ij| the attention's QK-norm allows at its gains (inf: none)
 
     @property
     def mean_entropy(self) -> float:
@@ -58,6 +60,7 @@ class StackLogits:
     mean_entropy: float  # over heads and blocks
     lowest_head: float  # the lowest head's mean entropy, of any block
     lowest_block: int
+    median_of_cap: float | None  # the median over the blocks of each one's largest over its cap (None: no cap)
 
 
 def across_blocks(blocks: list[BlockLogits]) -> StackLogits:
@@ -70,7 +73,15 @@ def across_blocks(blocks: list[BlockLogits]) -> StackLogits:
         sum(b.mean_entropy for b in blocks) / len(blocks),
         min(blocks[low].head_entropy),
         low,
+        statistics.median(b.max_abs_logit / b.cap for b in blocks)
+        if all(math.isfinite(b.cap) for b in blocks)
+        else None,
     )
+
+
+def cap_text(stack: StackLogits) -> str:
+    """The median fraction of the cap, or "-" where the attention has no QK-norm (no cap)."""
+    return "-" if stack.median_of_cap is None else f"{stack.median_of_cap:.2f}"
 
 
 @contextlib.contextmanager
@@ -130,7 +141,11 @@ def measure(model: GPT, x: torch.Tensor, y: torch.Tensor, batch_size: int = 64) 
             largest = [s[0] for s in stats] if not largest else [torch.maximum(a, s[0]) for a, s in zip(largest, stats)]
             sums = [s[1] for s in stats]
             entropy_sums = sums if not entropy_sums else [a + b for a, b in zip(entropy_sums, sums)]
-    return [BlockLogits(float(m), (e / counted_positions).tolist()) for m, e in zip(largest, entropy_sums, strict=True)]
+    caps = [a.qk_norm.logit_cap() for a in model.modules() if isinstance(a, CausalSelfAttention)]
+    return [
+        BlockLogits(float(m), (e / counted_positions).tolist(), cap)
+        for m, e, cap in zip(largest, entropy_sums, caps, strict=True)
+    ]
 
 
 def run_logits(run_dir: Path, n_tokens: int) -> tuple[list[BlockLogits], int, str]:
@@ -169,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
                 "median over blocks of each one's largest": f"{stack.median_largest:.3g}",
                 "mean entropy": f"{stack.mean_entropy:.3f}",
                 "lowest head's (block)": f"{stack.lowest_head:.3f} ({stack.lowest_block})",
+                "each block's largest over its cap: median": cap_text(stack),
             }
         )
         csv_rows += [
@@ -179,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
                 "max_abs_logit": b.max_abs_logit,
                 "mean_entropy": b.mean_entropy,
                 "lowest_head_entropy": min(b.head_entropy),
+                "cap": b.cap if math.isfinite(b.cap) else "",
             }
             for i, b in enumerate(blocks)
         ]

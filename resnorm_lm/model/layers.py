@@ -8,6 +8,7 @@ placement's init rule never reaches into a sublayer's fused weights. QK-norm is 
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -49,6 +50,10 @@ class NoQKNorm(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return q, k
 
+    def logit_cap(self) -> float:
+        """No bound on ``|q_h . k_h| / sqrt(head_dim)``: the logits grow with the weights."""
+        return math.inf
+
 
 @QK_NORMS.register("full")
 class FullWidthQKNorm(nn.Module):
@@ -62,9 +67,17 @@ class FullWidthQKNorm(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.q_norm, self.k_norm = RMSNorm(cfg.n_embd, eps=cfg.norm_eps), RMSNorm(cfg.n_embd, eps=cfg.norm_eps)
+        self.width, self.head_dim = cfg.n_embd, cfg.n_embd // cfg.n_head
 
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.q_norm(q), self.k_norm(k)  # (B, T, C) each
+
+    def logit_cap(self) -> float:
+        """The largest ``|q_h . k_h| / sqrt(head_dim)`` the gains allow: the normed q and k have ``||.||^2 <= C``
+        over all heads, so by Cauchy-Schwarz ``|z| <= max_i |g_q,i g_k,i| * C / sqrt(head_dim)``, reached where one
+        head holds all of q and k on one coordinate (at init C / sqrt(head_dim): 22.6 for 4 heads of 32)."""
+        gains = (self.q_norm.weight * self.k_norm.weight).abs().max().item()
+        return gains * self.width / math.sqrt(self.head_dim)
 
 
 @QK_NORMS.register("per_head")
@@ -79,12 +92,19 @@ class PerHeadQKNorm(nn.Module):
         super().__init__()
         self.n_head, head_dim = cfg.n_head, cfg.n_embd // cfg.n_head
         self.q_norm, self.k_norm = RMSNorm(head_dim, eps=cfg.norm_eps), RMSNorm(head_dim, eps=cfg.norm_eps)
+        self.head_dim = head_dim
 
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         B, T, C = q.shape
         heads = (B, T, self.n_head, C // self.n_head)
         q = self.q_norm(q.view(heads)).view(B, T, C)  # normed over each head's (B, T, nh, hs) last dimension
         return q, self.k_norm(k.view(heads)).view(B, T, C)
+
+    def logit_cap(self) -> float:
+        """The largest ``|q_h . k_h| / sqrt(head_dim)`` the gains allow: each head's normed q and k have
+        ``||.||^2 <= head_dim``, so ``|z| <= max_i |g_q,i g_k,i| * sqrt(head_dim)``, reached on one coordinate (at
+        init sqrt(head_dim): 5.66 for heads of 32, a quarter of the full-width norm's cap at 4 heads)."""
+        return (self.q_norm.weight * self.k_norm.weight).abs().max().item() * math.sqrt(self.head_dim)
 
 
 class CausalSelfAttention(nn.Module):
