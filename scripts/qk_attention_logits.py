@@ -38,6 +38,7 @@ SUITES = REPO / "docs/results/suites"
 RECIPES = {  # recipe: the committed suite whose seed-0 runs are trained again
     "prenorm-12l": SUITES / "placements-12l/run-files",
     "prenorm-12l-qknorm": SUITES / "designs-12l/run-files",
+    "prenorm-12l-qknorm-head": SUITES / "designs-12l/run-files",
 }
 SETTINGS = [("0.004", "0.25"), ("0.008", "0.25"), ("0.016", "0.25"), ("0.016", "0.5")]  # (lr, warmup fraction)
 TOKENS = DEFAULT_TOKENS  # validation targets measured on: attention-logits' default
