@@ -45,7 +45,8 @@ from resnorm_lm.train.runs import RunDir
 
 if TYPE_CHECKING:
     from resnorm_lm.analysis.drawn_recipes import DrawRule
-    from resnorm_lm.analysis.suite import SeedPilot, Suite, TunedBudget
+    from resnorm_lm.analysis.suite import Suite
+    from resnorm_lm.analysis.suite_designs import SeedPilot, TunedBudget
 
 
 def status_of(outcome: RunOutcome, unigram: float) -> str:

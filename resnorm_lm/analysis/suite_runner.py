@@ -18,7 +18,8 @@ from resnorm_lm.analysis.sweep import RunOutcome, RunSpec, evaluated
 from resnorm_lm.train.runs import RunDir, working_root
 
 if TYPE_CHECKING:
-    from resnorm_lm.analysis.suite import Design, Suite
+    from resnorm_lm.analysis.suite import Suite
+    from resnorm_lm.analysis.suite_designs import Design
 
 # As soon as a lane is free the next run of the plan starts (asked for again after every finished run, so a
 # recipe's extensions and seeds start while other recipes' grids train); a run that fails is not started again in
