@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import math
 import os
 import sys
 from pathlib import Path
@@ -121,7 +120,7 @@ def table(root: Path, reuse: list[Path], export: Path | None) -> int:
             )
             per_block += [
                 {"recipe": recipe, "lr": lr, "warmup": warmup, "block": i, "max_abs_logit": b.max_abs_logit}
-                | {"cap": b.cap if math.isfinite(b.cap) else ""}
+                | {"cap": b.cap_cell}
                 | {f"entropy_head_{h}": e for h, e in enumerate(b.head_entropy)}
                 for i, b in enumerate(blocks)
             ]

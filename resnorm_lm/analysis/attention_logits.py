@@ -49,6 +49,11 @@ class BlockLogits:
     def mean_entropy(self) -> float:
         return sum(self.head_entropy) / len(self.head_entropy)
 
+    @property
+    def cap_cell(self) -> float | str:
+        """The cap as a CSV cell: empty where there is none."""
+        return self.cap if math.isfinite(self.cap) else ""
+
 
 @dataclass
 class StackLogits:
@@ -195,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                 "max_abs_logit": b.max_abs_logit,
                 "mean_entropy": b.mean_entropy,
                 "lowest_head_entropy": min(b.head_entropy),
-                "cap": b.cap if math.isfinite(b.cap) else "",
+                "cap": b.cap_cell,
             }
             for i, b in enumerate(blocks)
         ]

@@ -27,9 +27,11 @@ def horizon_mismatch(suite: Suite, base: Suite) -> str | None:
     arithmetic, reference, budget and train overrides but trainer.max_steps, some or all of its recipes. One
     difference is allowed: a ``tuned-around`` suite may repeat a ``tuned`` one on a grid of each recipe's own (its
     ``budget.lrs``), the rest of the budget the same."""
-    for what in ("design", "profile", "arithmetic", "reference", "sections"):
+    narrowed = (suite.design, base.design) == ("tuned-around", "tuned")  # each recipe's own budget.lrs
+    compared = ("profile", "arithmetic", "reference", "sections")
+    for what in compared if narrowed else ("design", *compared):
         mine, theirs = getattr(suite, what), getattr(base, what)
-        if (suite.design, base.design) == ("tuned-around", "tuned") and what in ("design", "sections"):
+        if narrowed and what == "sections":
             mine, theirs = _without_lrs(mine), _without_lrs(theirs)
         if mine != theirs:
             return f"its {what} differs ({mine} against {theirs}); change max_steps only"
@@ -45,11 +47,9 @@ def horizon_mismatch(suite: Suite, base: Suite) -> str | None:
     return None
 
 
-def _without_lrs(value: Any) -> Any:
-    """A design name or sections with the grid's LRs left out: ``tuned-around`` narrows only those."""
-    if isinstance(value, str):
-        return "tuned" if value == "tuned-around" else value
-    return {**value, "budget": {k: v for k, v in value.get("budget", {}).items() if k != "lrs"}}
+def _without_lrs(sections: dict[str, Any]) -> dict[str, Any]:
+    """A suite's sections with the grid's LRs left out: ``tuned-around`` narrows only those."""
+    return {**sections, "budget": {k: v for k, v in sections.get("budget", {}).items() if k != "lrs"}}
 
 
 def interval_from(row: dict[str, Any], key: str) -> Interval | None:

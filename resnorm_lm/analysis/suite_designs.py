@@ -159,7 +159,7 @@ class TunedBudget(Design):
 
     def grid_lrs(self, budget: dict) -> list[float]:
         """The grid's LRs, one list for every recipe."""
-        return _grid_lrs(budget["lrs"] if "lrs" in budget else None, "budget.lrs")
+        return _grid_lrs(budget.get("lrs"), "budget.lrs")
 
     def lrs_of(self, recipe: str) -> list[float]:
         return self.lrs
