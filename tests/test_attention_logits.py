@@ -13,6 +13,7 @@ from resnorm_lm.analysis.attention_logits import logits_and_entropy, main, measu
 from resnorm_lm.analysis.sweep import RunSpec, Setting
 from resnorm_lm.model.gpt import GPT, GPTConfig
 from resnorm_lm.targets import IGNORE_INDEX
+from resnorm_lm.train.diagnostics import AttentionLogitMax
 from tests.test_depth import DepthTrainer, tiny_run_data
 
 C, HEADS, T = 32, 2, 8
@@ -151,3 +152,56 @@ def test_each_qk_norms_cap_bounds_its_logits_and_is_reached_on_one_coordinate(qk
         one_hot[..., i] = 3.0  # every position: all of q and k on coordinate i (of every head, per head)
         largest, _ = logits_and_entropy(*norm(one_hot, one_hot), HEADS, counted)
         assert largest == pytest.approx(norm.logit_cap(), rel=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The same largest logit logged as training goes (``AttentionLogitMax``, ``attn_logit_max/layer_XX`` in metrics.csv)
+
+
+@pytest.mark.parametrize("qk_norm", ["none", "full", "per_head"])
+def test_the_logged_largest_logit_is_the_commands_on_the_same_batch(qk_norm):
+    model = tiny(qk_norm)
+    with torch.no_grad():
+        for w, _ in query_rows(model):
+            w.mul_(4.0)  # logits well away from 0
+    recorder = AttentionLogitMax(model)
+    x = torch.randint(0, 64, (3, T))
+    with torch.no_grad():
+        model(x)
+        assert recorder.take() == []  # inactive: nothing recorded
+        recorder.active = True
+        model(x)
+        recorder.active = False
+    got = [v.item() for v in recorder.take()]
+    assert recorder.take() == []  # taken once
+    expected = [b.max_abs_logit for b in measure(model, x, torch.zeros_like(x))]  # every position counted
+    assert got == pytest.approx(expected, rel=1e-5) and min(got) > 0
+
+
+def test_the_logged_largest_logit_of_a_step_is_the_largest_over_its_micro_batches():
+    model = tiny()
+    recorder = AttentionLogitMax(model)
+    a, b = torch.randint(0, 64, (2, T)), torch.randint(0, 64, (2, T))
+    each = [[blk.max_abs_logit for blk in measure(model, xb, torch.zeros_like(xb))] for xb in (a, b)]
+    recorder.active = True
+    with torch.no_grad():
+        model(a), model(b)
+    recorder.active = False
+    assert [v.item() for v in recorder.take()] == pytest.approx([max(p) for p in zip(*each)], rel=1e-5)
+
+
+@pytest.mark.parametrize("placement", ["mhc", "attnres"])
+def test_the_logged_largest_logit_has_one_column_per_attention_in_the_widened_designs(placement):
+    """Hyper-connections widen the stream and attention over depth reads every earlier output: each block still
+    has one attention, and each is recorded."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=64, block_size=T, n_layer=3, n_head=HEADS, n_embd=C, placement=placement))
+    recorder = AttentionLogitMax(model)
+    recorder.active = True
+    x = torch.randint(0, 64, (2, T))
+    with torch.no_grad():
+        model(x)
+    recorder.active = False
+    got = [v.item() for v in recorder.take()]
+    assert got == pytest.approx([b.max_abs_logit for b in measure(model.eval(), x, torch.zeros_like(x))], rel=1e-5)
+    assert len(got) == 3

@@ -268,7 +268,8 @@ def test_a_tiny_sweep_interrupted_then_finished_picks_on_validation_and_tests_on
     optim = {"lr": 3e-3, "schedule": "cosine", "warmup_fraction": 0.33}
     assert yaml.safe_load(tuned.read_text()) == {"model": {"optim": optim}}
     assert "lr 0.003, warmup 0.33, 2 seed(s)" in tuned.read_text() and "<- chosen" in tuned.read_text()
-    for plot in ("lr_sensitivity.png", "loss_curves.png", "grad_norms.png", "clipping.png", "stream_rms.png"):
+    plots = ("lr_sensitivity.png", "loss_curves.png", "grad_norms.png", "clipping.png", "stream_rms.png")
+    for plot in (*plots, "attention_logits.png"):
         assert (tmp_path / "results" / "smoke" / plot).stat().st_size > 10_000, plot
     at_pick = [json.loads((runs / f"smoke-lr0.003-wf0.33-seed{k}/eval.json").read_text())["clip"] for k in (1, 2)]
     assert all(c["steps"] == TINY_SWEEP_STEPS and c["max_norm"] == 1.0 for c in at_pick)

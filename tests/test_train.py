@@ -213,6 +213,8 @@ def test_smoke_run_writes_its_run_directory_and_result_line(tmp_path, smoke_corp
         "grad_norm/layer_11",
         "stream_rms/layer_00",
         "stream_rms/layer_11",
+        "attn_logit_max/layer_00",
+        "attn_logit_max/layer_11",
         "lr-AdamW",
         "val/bpb",
         "val/ppl",
@@ -321,6 +323,7 @@ def test_compiled_model_trains_and_its_checkpoint_loads_uncompiled(tmp_path, smo
     assert run.global_step == 3
     rows = [r for r in RunDir(root / "prenorm-12l" / "smoke-seed1").metrics() if "stream_rms/layer_11" in r]
     assert rows and rows[0]["step"] == 0 and rows[0]["stream_rms/layer_11"] > 0  # the hooks run compiled too
+    assert rows[0]["attn_logit_max/layer_11"] > 0
 
 
 def test_ddp_is_asked_for_only_with_more_than_one_process(monkeypatch):

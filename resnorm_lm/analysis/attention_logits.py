@@ -35,6 +35,7 @@ from resnorm_lm.data.cache import write_csv_atomic
 from resnorm_lm.model.gpt import GPT
 from resnorm_lm.model.layers import CausalSelfAttention
 from resnorm_lm.targets import IGNORE_INDEX
+from resnorm_lm.train.diagnostics import causal_logits
 
 
 @dataclass
@@ -115,10 +116,8 @@ def logits_and_entropy(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Over queries ``q`` and keys ``k`` (B, T, C) and the query positions ``counted`` (B, T, bool): the largest
     causal ``|z_ij|`` (a 0-d tensor) and each head's entropy summed over the counted positions, (n_head,)."""
-    B, T, C = q.shape
-    hs = C // n_head
-    q, k = (t.view(B, T, n_head, hs).transpose(1, 2).double() for t in (q, k))  # (B, nh, T, hs)
-    z = q @ k.transpose(-2, -1) / math.sqrt(hs)  # (B, nh, T, T): row i a query, column j a key
+    z = causal_logits(q.double(), k.double(), n_head)  # (B, nh, T, T): row i a query, column j a key
+    T = z.shape[-1]
     causal = torch.ones(T, T, dtype=torch.bool, device=z.device).tril()  # (T, T): j <= i
     shown = causal & counted[:, None, :, None]  # (B, 1, T, T)
     largest = z.abs().masked_fill(~shown, 0.0).amax()

@@ -507,9 +507,10 @@ def plot_comparison(
     lr_grid: bool,
 ) -> None:
     """The figures of every comparison: LR sensitivity and clipping over the grid (``lr_grid``: an LR axis was
-    swept), and at the chosen settings loss curves, gradient norms and stream RMS (a line per recipe, and per
-    depth with ``depths``)."""
+    swept), and at the chosen settings loss curves, gradient norms, stream RMS and attention logits (a line per
+    recipe, and per depth with ``depths``)."""
     from resnorm_lm.analysis.plots import (
+        plot_attention_logits,
         plot_clipping,
         plot_grad_norms,
         plot_loss_curves,
@@ -531,6 +532,7 @@ def plot_comparison(
         plot_loss_curves(at_chosen, out_dir)
         plot_grad_norms(at_chosen, out_dir)
         plot_stream_rms(at_chosen, out_dir)
+        plot_attention_logits(at_chosen, out_dir)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -15,7 +15,14 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from resnorm_lm.analysis.block_measurements import block_means  # noqa: E402
 from resnorm_lm.analysis.evidence import group_rows
-from resnorm_lm.train.diagnostics import GRAD_NORMS, STREAM_RMS, TRAIN_LOSS, TRAIN_SECONDS, VAL_LOSS  # noqa: E402
+from resnorm_lm.train.diagnostics import (  # noqa: E402
+    ATTN_LOGIT_MAX,
+    GRAD_NORMS,
+    STREAM_RMS,
+    TRAIN_LOSS,
+    TRAIN_SECONDS,
+    VAL_LOSS,
+)
 from resnorm_lm.train.runs import RunDir  # noqa: E402
 
 
@@ -164,6 +171,31 @@ def plot_stream_rms(runs: dict[str, list[Path]], out_dir: Path) -> Path | None:
         return None
     titles = ("residual stream RMS after each block, step 0", "the same at the last logged step")
     return plot_first_and_last(runs, STREAM_RMS, titles, "RMS", out_dir / "stream_rms.png")
+
+
+def plot_attention_logits(runs: dict[str, list[Path]], out_dir: Path) -> Path | None:
+    """Each run's largest attention logit over its blocks against the step, a colour per recipe and a line per
+    run (None where no run logged it: runs from before it was recorded). Logits that grow as training goes are
+    what Wortsman et al. (2023) saw precede divergence at high learning rates, and what QK-norm bounds."""
+    logged = {
+        recipe: [rows for d in dirs if (rows := RunDir(d).per_block(ATTN_LOGIT_MAX))] for recipe, dirs in runs.items()
+    }
+    logged = {recipe: traces for recipe, traces in logged.items() if traces}
+    if not logged:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=90)
+    colors = recipe_colors(logged)
+    for recipe, traces in sorted(logged.items()):
+        for j, rows in enumerate(traces):
+            steps, largest = [s for s, _ in rows], [max(v) for _, v in rows]
+            ax.plot(steps, largest, lw=1, alpha=0.8, color=colors[recipe], label=recipe if j == 0 else None)
+    ax.set(
+        xlabel="optimizer step",
+        ylabel="largest |q.k|/sqrt(head_dim) over blocks",
+        yscale="log",
+        title="attention logits over training (a line per run)",
+    )
+    return save_figure(fig, [ax], [ax], out_dir / "attention_logits.png")
 
 
 def plot_first_and_last(

@@ -1,12 +1,15 @@
 """What a run measures of itself besides its loss: per-layer gradient norms, the residual stream's RMS after each
-block, and how often the gradient clip binds."""
+block, each attention's largest logit, and how often the gradient clip binds."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
 
 from resnorm_lm.model.gpt import GPT
+from resnorm_lm.model.layers import CausalSelfAttention
 
 # The columns of metrics.csv that the LightningModule logs (one name each, here; read back through RunDir)
 TRAIN_LOSS = "train/loss"
@@ -19,6 +22,7 @@ GRAD_NORMS = "grad_norm/layer_"  # + the block's index (2 digits): the gradient 
 STREAM_RMS = "stream_rms/layer_"  # + the block's index: the RMS of the residual stream leaving it
 READOUT_MEAN_RMS = "readout/mean_rms"  # the RMS of the final norm's input's mean over the batch's tokens (C,)
 READOUT_REST_RMS = "readout/rest_rms"  # the RMS of what is left of that input when its mean is taken away
+ATTN_LOGIT_MAX = "attn_logit_max/layer_"  # + the attention's index: its largest causal |q.k|/sqrt(head_dim)
 
 
 def block_column(prefix: str, block: int) -> str:
@@ -94,6 +98,56 @@ class StreamRMS:
             return []
         per_pass = torch.stack(values).view(-1, self.n_layer)  # (passes, n_layer)
         return list(per_pass.mean(0).unbind())
+
+
+def causal_logits(q: torch.Tensor, k: torch.Tensor, n_head: int) -> torch.Tensor:
+    """The attention logits ``z_ij = q_i . k_j / sqrt(head_dim)`` of queries and keys (B, T, C) split into
+    ``n_head`` heads, in fp64 where the inputs are (else fp32), (B, n_head, T, T): row i a query, column j a key.
+    The causal mask is the caller's (``torch.ones(T, T).tril()``: j <= i)."""
+    B, T, C = q.shape
+    hs = C // n_head
+    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    q, k = (t.view(B, T, n_head, hs).transpose(1, 2).to(dtype) for t in (q, k))  # (B, nh, T, hs)
+    return q @ k.transpose(-2, -1) / math.sqrt(hs)
+
+
+class AttentionLogitMax:
+    """Each attention's largest causal logit ``|z_ij|`` (j <= i) over its heads and the batch's positions, read by
+    forward hooks on its QK-norm (what the softmax is handed: the projections themselves without one) in the
+    forward passes run while ``active``: the "attention logit growth" that Dehghani et al. (2023) saw diverge
+    ViT-22B and Wortsman et al. (2023) reproduce in small models at high learning rates, logged as training goes
+    (``resnorm-lm attention-logits`` measures it, with the heads' entropy, at a run's final weights)."""
+
+    def __init__(self, model: GPT) -> None:
+        self.active = False
+        self.values: list[torch.Tensor] = []  # 0-dim fp32, on the device: one per attention per forward pass
+        attentions = [m for m in model.modules() if isinstance(m, CausalSelfAttention)]
+        self.n_attention = len(attentions)
+        self.n_head = model.config.n_head
+        for attention in attentions:
+            attention.qk_norm.register_forward_hook(self._record)
+
+    def _record(self, module: nn.Module, args: tuple, out: tuple[torch.Tensor, torch.Tensor]) -> None:
+        if self.active:
+            q, k = (t.detach() for t in out)  # (B, T, C) each
+            T = q.shape[1]
+            causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()  # (T, T): j <= i
+            # a window at a time: (nh, T, T) logits, not (B, nh, T, T) at once (GPT-2's context is 1024)
+            per_window = [
+                causal_logits(q[b : b + 1], k[b : b + 1], self.n_head).abs().masked_fill(~causal, 0.0).amax()
+                for b in range(q.shape[0])
+            ]
+            self.values.append(torch.stack(per_window).amax())
+
+    def take(self) -> list[torch.Tensor]:
+        """Per attention (in the model's order: block 0 first), the largest over the forward passes recorded since
+        the last take (the micro-batches of one step); empty if none were. Device tensors: read them back in one
+        sync."""
+        values, self.values = self.values, []
+        if not values:
+            return []
+        per_pass = torch.stack(values).view(-1, self.n_attention)  # (passes, n_attention)
+        return list(per_pass.amax(0).unbind())
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from resnorm_lm.model.gpt import GPT, GPTConfig
 from resnorm_lm.targets import IGNORE_INDEX
 from resnorm_lm.train.callbacks import ends_optimizer_step
 from resnorm_lm.train.diagnostics import (
+    ATTN_LOGIT_MAX,
     CLIP_BOUND,
     CLIP_FRACTION,
     GRAD_NORM_TOTAL,
@@ -25,6 +26,7 @@ from resnorm_lm.train.diagnostics import (
     STREAM_RMS,
     TRAIN_LOSS,
     TRAIN_SECONDS,
+    AttentionLogitMax,
     ClipRecord,
     ReadoutMean,
     StreamRMS,
@@ -101,8 +103,8 @@ class LanguageModel(L.LightningModule):
     Args:
         arch: the model architecture (norm, backend, placement, sizes).
         optim: optimizer and learning-rate schedule.
-        log_grad_norms: log total and per-layer gradient norms, and the RMS of the residual stream leaving each
-            block, every ``log_every_n_steps``.
+        log_grad_norms: log total and per-layer gradient norms, the RMS of the residual stream leaving each
+            block and each attention's largest logit, every ``log_every_n_steps``.
         divergence: when a step's loss counts as diverged (NaN/Inf, or a factor above its running minimum),
             whether a bad step stops the run or is skipped, and where it is judged (host, or on the
             device with the fused optimizer skipping it there: resnorm_lm/train/divergence.py). A step
@@ -145,6 +147,7 @@ class LanguageModel(L.LightningModule):
             self.model.load_state_dict(exported_weights(init_from, self.arch))
         self.stream_rms = StreamRMS(self.model)  # read in the training forward of logging steps
         self.readout_mean = ReadoutMean(self.model)  # likewise
+        self.attention_logits = AttentionLogitMax(self.model)  # likewise
         self.train_seconds_before = 0.0  # wall time of earlier segments of a resumed run
         self.tokens_seen: int | None = 0  # training tokens consumed on all ranks (None: resumed from an old file)
         self.schedule_steps: int | None = None  # the max_steps of the LR schedule: a resumed run keeps its own
@@ -160,9 +163,12 @@ class LanguageModel(L.LightningModule):
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch  # (B, T) each
-        self.stream_rms.active = self.readout_mean.active = self._logs_diagnostics()
+        recorders, logs = (self.stream_rms, self.readout_mean, self.attention_logits), self._logs_diagnostics()
+        for recorder in recorders:
+            recorder.active = logs
         _, loss = self.model(x, y)
-        self.stream_rms.active = self.readout_mean.active = False
+        for recorder in recorders:
+            recorder.active = False
         self.losses.add(loss)
         # never None (Lightning refuses that under DDP): a bad step is skipped whole at its optimizer step
         if ends_optimizer_step(self.trainer, batch_idx):
@@ -217,7 +223,8 @@ class LanguageModel(L.LightningModule):
         stream = self.stream_rms.take()  # this step's forward passes
         if stream:
             metrics.update({block_column(STREAM_RMS, i): r for i, r in enumerate(torch.stack(stream).tolist())})
-        measured = {**self.readout_mean.take(), **self.model.stream.diagnostics()}  # 0-dim tensors by column
+        logits = {block_column(ATTN_LOGIT_MAX, i): z for i, z in enumerate(self.attention_logits.take())}
+        measured = {**self.readout_mean.take(), **logits, **self.model.stream.diagnostics()}  # 0-dim tensors by column
         if measured:
             metrics.update(zip(measured, torch.stack([v.float() for v in measured.values()]).tolist(), strict=True))
         self.log_dict(metrics, on_step=True, on_epoch=False)
