@@ -75,7 +75,9 @@ def fit_command(probe: Probe, root: Path, resume: bool) -> list[str]:
         f"--run.root={root}",
         f"--run.tag=lr{probe.lr}-wf{probe.warmup}",
         "--trainer.enable_progress_bar=false",
-        *(["--ckpt_path=last"] if resume else []),
+        "--ckpt_path=last"
+        if resume
+        else "--ckpt_path=null",  # a config saved by a resumed segment names its checkpoint
     ]
 
 

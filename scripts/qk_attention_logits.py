@@ -76,7 +76,9 @@ def fit_command(recipe: str, lr: str, warmup: str, root: Path, resume: bool) -> 
         f"--run.root={root}",
         f"--run.tag=lr{lr}-wf{warmup}",
         "--trainer.enable_progress_bar=false",
-        *(["--ckpt_path=last"] if resume else []),
+        "--ckpt_path=last"
+        if resume
+        else "--ckpt_path=null",  # a config saved by a resumed segment names its checkpoint
     ]
 
 

@@ -37,20 +37,26 @@ def test_train_hands_every_probe_its_committed_config_in_the_portable_arithmetic
     assert cmd[cmd.index("--config") + 1] == str(first.committed / "config.yaml")
     assert f"--run.root={tmp_path}" in cmd and f"--run.tag=lr{first.lr}-wf{first.warmup}" in cmd
     assert not any(a.startswith(("--seed", "--data.seed", "--model.")) for a in cmd)  # nothing else changed
-    assert handed["runs"][0][1](True) == [*cmd, "--ckpt_path=last"]
+    assert cmd[-1] == "--ckpt_path=null"  # a config saved by a resumed segment names the checkpoint it resumed from
+    assert handed["runs"][0][1](True) == [*cmd[:-1], "--ckpt_path=last"]
 
 
-def trained_copy(probe, run, root: Path, logits: dict[int, list[float]] | None, val_loss: float | None = None) -> Path:
-    """The committed run's files under ``root``, its metrics.csv replaced by ``logits`` ({step: per block}; None:
-    a run from before they were logged) and, given ``val_loss``, another loss."""
+def trained_copy(
+    probe, run, root: Path, logits: dict[int, list[float]] | None, val_loss: float | None = None, step_column=True
+) -> Path:
+    """The committed run's files under ``root``, its metrics.csv replaced by ``logits`` ({the step measured at: per
+    block}; None: a run from before they were logged) and, given ``val_loss``, another loss. Without
+    ``step_column``, a run from before ``diagnostics/step`` was logged: only Lightning's row, 9 steps on."""
     path = run.run(root)
     shutil.copytree(run.committed, path)
     if logits is not None:
         n = len(next(iter(logits.values())))
         with (path / "metrics.csv").open("w", newline="") as f:
             writer = csv.writer(f)
-            writer.writerow(["step", *(f"attn_logit_max/layer_{b:02d}" for b in range(n))])
-            writer.writerows([step, *values] for step, values in logits.items())
+            measured = ["diagnostics/step"] if step_column else []
+            writer.writerow(["step", *measured, *(f"attn_logit_max/layer_{b:02d}" for b in range(n))])
+            for step, values in logits.items():  # Lightning's row: log_every_n_steps - 1 = 9 on
+                writer.writerow([step + 9, *([step] if step_column else []), *values])
     if val_loss is not None:
         summary = json.loads((path / "eval.json").read_text())
         (path / "eval.json").write_text(json.dumps({**summary, "val_loss": val_loss}))
@@ -62,20 +68,21 @@ def test_the_table_reads_each_runs_logits_over_training(probe, tmp_path, monkeyp
     growing, bounded, untrained, old = (probe.Probe("prenorm-12l", "placements-12l", lr, "0.25", 0) for lr in lrs)
     monkeypatch.setattr(probe, "PROBES", [growing, bounded, untrained, old])
     root = tmp_path / "runs"
-    # 500 steps: the table reads the rows at or before steps 0 (the first), 50, 100, 250, 500
+    # 500 steps: the table reads the rows measured at or before steps 0 (the first), 50, 100, 250, 500
     trained_copy(
-        probe, growing, root, {9: [3.0, 4.0], 49: [30.0, 8.0], 99: [50.0, 900.0], 249: [1500, 1.0], 499: [20, 1]}
+        probe, growing, root, {0: [3.0, 4.0], 40: [30.0, 8.0], 90: [50.0, 900.0], 240: [1500, 1.0], 490: [20, 1]}
     )
-    trained_copy(probe, bounded, root, {9: [3.0, 2.0], 99: [5.0, 6.0], 499: [7.0, 6.5]}, val_loss=9.0)
+    logits = {0: [3.0, 2.0], 90: [5.0, 6.0], 490: [7.0, 6.5]}
+    trained_copy(probe, bounded, root, logits, val_loss=9.0, step_column=False)  # its config: every 10 steps
     trained_copy(probe, old, root, None)
     assert probe.table(root, tmp_path / "export") == 0
     out = capsys.readouterr().out
     assert (
-        "| `prenorm-12l` | 0.016 | 0.25 | 0 | 5.383 | yes | 4 (step 9) | 30 (step 49) | 900 (step 99) "
-        "| 1.5e+03 (step 249) | 20 (step 499) | 1.5e+03 (249, 0) |" in out
+        "| `prenorm-12l` | 0.016 | 0.25 | 0 | 5.383 | yes | 4 (step 0) | 30 (step 40) | 900 (step 90) "
+        "| 1.5e+03 (step 240) | 20 (step 490) | 1.5e+03 (240, 0) |" in out
     )
     assert (
-        "| `prenorm-12l` | 0.004 | 0.25 | 0 | 9.000 | no | 3 (step 9) | 3 (step 9) | 6 (step 99) | 6 (step 99) |" in out
+        "| `prenorm-12l` | 0.004 | 0.25 | 0 | 9.000 | no | 3 (step 0) | 3 (step 0) | 6 (step 90) | 6 (step 90) |" in out
     )
     assert "prenorm-12l cpu-lr0.008-wf0.25-seed0: not trained yet" in out
     assert f"{old.run(root)}: no attn_logit_max columns" in out
@@ -85,5 +92,5 @@ def test_the_table_reads_each_runs_logits_over_training(probe, tmp_path, monkeyp
     assert (exported / "attention_logits.png").stat().st_size > 10_000
     lines = (exported / "traces.csv").read_text().splitlines()
     assert lines[0] == "recipe,lr,warmup,seed,step,block,largest_logit" and len(lines) == 1 + 5 + 3
-    assert lines[4] == "prenorm-12l,0.016,0.25,0,249,0,1500.0"
+    assert lines[4] == "prenorm-12l,0.016,0.25,0,240,0,1500.0"
     assert "| `prenorm-12l` | 0.016 |" in (exported / "logit-growth.md").read_text()

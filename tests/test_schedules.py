@@ -41,6 +41,8 @@ def test_wsd_holds_the_peak_then_cools_down_as_one_minus_sqrt():
     assert lr[499] > 0 and lr[500] == 0.0  # the last step just above the floor, reached after it
     floor = multipliers(500, schedule="wsd", warmup_fraction=0.2, min_lr_ratio=0.1)
     assert floor[450] == pytest.approx(0.1 + 0.9 * (1 - math.sqrt(0.5))) and floor[503] == pytest.approx(0.1)
+    # a run so short that its cooldown rounds to 0 steps (0.2 of 2): the peak to the end, and past it no error
+    assert multipliers(2, schedule="wsd", warmup_fraction=0.0, cooldown_fraction=0.2)[:3] == [1.0, 1.0, 1.0]
 
 
 def test_a_warmup_that_reaches_the_end_of_the_run_is_refused_unless_asked_for_by_name():

@@ -222,6 +222,18 @@ def test_smoke_run_writes_its_run_directory_and_result_line(tmp_path, smoke_corp
         assert key in header, key
 
 
+def test_the_diagnostics_say_the_step_they_were_measured_at(tmp_path, smoke_corpus):
+    """Measured where the step is a multiple of log_every_n_steps (the first at the initialization), written by
+    Lightning on its next logging row: ``diagnostics/step`` says which, and ``per_block`` reads it."""
+    root = tmp_path / "runs"
+    assert run_cli(smoke_args(smoke_corpus, f"--run.root={root}", "--trainer.log_every_n_steps=3")) == 0
+    run = RunDir(root / "prenorm-12l" / "smoke-seed1")
+    rows = [r for r in run.metrics() if "diagnostics/step" in r]
+    assert [(r["step"], r["diagnostics/step"]) for r in rows] == [(2, 0), (5, 3)]
+    assert all("grad_norm/layer_00" in r and "attn_logit_max/layer_11" in r for r in rows)
+    assert [step for step, _ in run.per_block("attn_logit_max/layer_")] == [0, 3]
+
+
 def test_existing_run_is_not_overwritten_and_resume_without_run_says_so(tmp_path, smoke_corpus, capsys):
     root = tmp_path / "runs"
     assert run_cli(smoke_args(smoke_corpus, f"--run.root={root}", "--ckpt_path=last")) == 2

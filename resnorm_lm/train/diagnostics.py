@@ -23,6 +23,9 @@ STREAM_RMS = "stream_rms/layer_"  # + the block's index: the RMS of the residual
 READOUT_MEAN_RMS = "readout/mean_rms"  # the RMS of the final norm's input's mean over the batch's tokens (C,)
 READOUT_REST_RMS = "readout/rest_rms"  # the RMS of what is left of that input when its mean is taken away
 ATTN_LOGIT_MAX = "attn_logit_max/layer_"  # + the attention's index: its largest causal |q.k|/sqrt(head_dim)
+# The optimizer step the diagnostics above were measured at (the steps a multiple of log_every_n_steps: the first is
+# the initialization). Lightning writes them on its next logging row, whose ``step`` is log_every_n_steps - 1 later.
+DIAGNOSTICS_STEP = "diagnostics/step"
 
 
 def block_column(prefix: str, block: int) -> str:

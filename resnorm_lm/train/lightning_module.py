@@ -21,6 +21,7 @@ from resnorm_lm.train.diagnostics import (
     ATTN_LOGIT_MAX,
     CLIP_BOUND,
     CLIP_FRACTION,
+    DIAGNOSTICS_STEP,
     GRAD_NORM_TOTAL,
     GRAD_NORMS,
     STREAM_RMS,
@@ -212,7 +213,7 @@ class LanguageModel(L.LightningModule):
         if not self._logs_diagnostics():
             return
         total, per_layer = grad_norms(self.model)  # one host sync for all of them
-        metrics = {GRAD_NORM_TOTAL: total}  # before clipping
+        metrics = {DIAGNOSTICS_STEP: float(trainer.global_step), GRAD_NORM_TOTAL: total}  # the norm before clipping
         clip = trainer.gradient_clip_val
         if clip and trainer.gradient_clip_algorithm != "value":
             metrics[CLIP_BOUND] = float(total + 1e-6 > clip)  # this step's; torch's rule (clipping.py)

@@ -227,7 +227,7 @@ class WarmupStableDecay(Schedule):
         start = self.total_steps - self.cooldown_steps
         if step < start:
             return 1.0
-        t = min(1.0, (step - start) / self.cooldown_steps)
+        t = min(1.0, (step - start) / max(1, self.cooldown_steps))  # a run too short to round its cooldown above 0
         return self.min_lr_ratio + (1 - self.min_lr_ratio) * (1 - math.sqrt(t))
 
 

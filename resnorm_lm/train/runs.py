@@ -29,7 +29,7 @@ from resnorm_lm.errors import ResnormError
 from resnorm_lm.model.decoding import stream_text
 from resnorm_lm.model.gpt import count_parameters
 from resnorm_lm.train.checkpoint_io import CheckpointFileError, read_checkpoint_file
-from resnorm_lm.train.diagnostics import VAL_LOSS
+from resnorm_lm.train.diagnostics import DIAGNOSTICS_STEP, VAL_LOSS
 from resnorm_lm.train.hardware import cpu_features, native_bf16_flags
 from resnorm_lm.train.precision import PrecisionChoice
 
@@ -166,12 +166,17 @@ class RunDir:
 
     def per_block(self, prefix: str) -> list[tuple[int, list[float]]]:
         """``(step, values)`` for every logged row of a per-block metric (``GRAD_NORMS``, ``STREAM_RMS`` of
-        resnorm_lm/train/diagnostics.py), block 0 first (by index: right past 99 blocks)."""
+        resnorm_lm/train/diagnostics.py), block 0 first (by index: right past 99 blocks). The step is the one the
+        values were measured at (``DIAGNOSTICS_STEP``); in runs from before that was logged, the row's less
+        ``log_every_n_steps - 1`` (Lightning writes them on its next logging row, and the rule that measures them
+        has not changed)."""
+        later = max(int((self.config().get("trainer") or {}).get("log_every_n_steps") or 1) - 1, 0)
         out = []
         for row in self.metrics():
             columns = sorted((k for k in row if k.startswith(prefix)), key=lambda k: int(k[len(prefix) :]))
             if columns:
-                out.append((int(row.get("step", 0)), [row[k] for k in columns]))
+                step = row[DIAGNOSTICS_STEP] if DIAGNOSTICS_STEP in row else row.get("step", later) - later
+                out.append((int(step), [row[k] for k in columns]))
         return out
 
     def checkpoints(self) -> list[Path]:
