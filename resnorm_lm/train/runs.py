@@ -167,16 +167,13 @@ class RunDir:
     def per_block(self, prefix: str) -> list[tuple[int, list[float]]]:
         """``(step, values)`` for every logged row of a per-block metric (``GRAD_NORMS``, ``STREAM_RMS`` of
         resnorm_lm/train/diagnostics.py), block 0 first (by index: right past 99 blocks). The step is the one the
-        values were measured at (``DIAGNOSTICS_STEP``); in runs from before that was logged, the row's less
-        ``log_every_n_steps - 1`` (Lightning writes them on its next logging row, and the rule that measures them
-        has not changed)."""
-        later = max(int((self.config().get("trainer") or {}).get("log_every_n_steps") or 1) - 1, 0)
+        values were measured at (``DIAGNOSTICS_STEP``); in runs from before that was logged, the row's: Lightning's
+        logging step, ``log_every_n_steps - 1`` after the measurement (kept so, as the committed tables read them)."""
         out = []
         for row in self.metrics():
             columns = sorted((k for k in row if k.startswith(prefix)), key=lambda k: int(k[len(prefix) :]))
             if columns:
-                step = row[DIAGNOSTICS_STEP] if DIAGNOSTICS_STEP in row else row.get("step", later) - later
-                out.append((int(step), [row[k] for k in columns]))
+                out.append((int(row.get(DIAGNOSTICS_STEP, row.get("step", 0))), [row[k] for k in columns]))
         return out
 
     def checkpoints(self) -> list[Path]:
