@@ -73,7 +73,7 @@ def test_the_table_reads_each_runs_logits_over_training(probe, tmp_path, monkeyp
         probe, growing, root, {0: [3.0, 4.0], 40: [30.0, 8.0], 90: [50.0, 900.0], 240: [1500, 1.0], 490: [20, 1]}
     )
     logits = {0: [3.0, 2.0], 90: [5.0, 6.0], 490: [7.0, 6.5]}
-    trained_copy(probe, bounded, root, logits, val_loss=9.0, step_column=False)  # read at Lightning's rows
+    trained_copy(probe, bounded, root, logits, val_loss=9.0, step_column=False)  # its config: every 10 steps
     trained_copy(probe, old, root, None)
     assert probe.table(root, tmp_path / "export") == 0
     out = capsys.readouterr().out
@@ -82,7 +82,7 @@ def test_the_table_reads_each_runs_logits_over_training(probe, tmp_path, monkeyp
         "| 1.5e+03 (step 240) | 20 (step 490) | 1.5e+03 (240, 0) |" in out
     )
     assert (
-        "| `prenorm-12l` | 0.004 | 0.25 | 0 | 9.000 | no | 3 (step 9) | 3 (step 9) | 6 (step 99) | 6 (step 99) |" in out
+        "| `prenorm-12l` | 0.004 | 0.25 | 0 | 9.000 | no | 3 (step 0) | 3 (step 0) | 6 (step 90) | 6 (step 90) |" in out
     )
     assert "prenorm-12l cpu-lr0.008-wf0.25-seed0: not trained yet" in out
     assert f"{old.run(root)}: no attn_logit_max columns" in out
