@@ -22,12 +22,11 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from resnorm_lm.analysis.block_measurements import markdown_table
-from resnorm_lm.analysis.launchers import train_probe_runs
+from resnorm_lm.analysis.launchers import refit_command, train_probe_runs
 from resnorm_lm.data.cache import atomic_write, write_csv_atomic
 from resnorm_lm.train.arithmetic import PORTABLE_ENV
 from resnorm_lm.train.diagnostics import ATTN_LOGIT_MAX, DIAGNOSTICS_STEP
@@ -69,16 +68,7 @@ PROBES = [
 
 def fit_command(probe: Probe, root: Path, resume: bool) -> list[str]:
     """The committed run's own config, written under ``root``."""
-    return [
-        sys.executable,
-        *("-m", "resnorm_lm", "fit", "--config", str(probe.committed / "config.yaml")),
-        f"--run.root={root}",
-        f"--run.tag=lr{probe.lr}-wf{probe.warmup}",
-        "--trainer.enable_progress_bar=false",
-        "--ckpt_path=last"
-        if resume
-        else "--ckpt_path=null",  # a config saved by a resumed segment names its checkpoint
-    ]
+    return refit_command(probe.committed / "config.yaml", root, f"lr{probe.lr}-wf{probe.warmup}", resume)
 
 
 def train(root: Path, jobs: int) -> int:

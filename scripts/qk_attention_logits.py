@@ -22,12 +22,11 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import sys
 from pathlib import Path
 
 from resnorm_lm.analysis.attention_logits import across_blocks, cap_text, run_logits
 from resnorm_lm.analysis.block_measurements import DEFAULT_TOKENS, markdown_table
-from resnorm_lm.analysis.launchers import train_probe_runs
+from resnorm_lm.analysis.launchers import refit_command, train_probe_runs
 from resnorm_lm.data.cache import atomic_write, write_csv_atomic
 from resnorm_lm.train.arithmetic import PORTABLE_ENV
 from resnorm_lm.train.runs import RunDir, copy_small_files
@@ -70,16 +69,7 @@ def found_run(recipe: str, lr: str, warmup: str, root: Path, reuse: list[Path]) 
 
 def fit_command(recipe: str, lr: str, warmup: str, root: Path, resume: bool) -> list[str]:
     """The committed seed-0 run's own config, written under ``root``."""
-    return [
-        sys.executable,
-        *("-m", "resnorm_lm", "fit", "--config", str(committed_run(recipe, lr, warmup) / "config.yaml")),
-        f"--run.root={root}",
-        f"--run.tag=lr{lr}-wf{warmup}",
-        "--trainer.enable_progress_bar=false",
-        "--ckpt_path=last"
-        if resume
-        else "--ckpt_path=null",  # a config saved by a resumed segment names its checkpoint
-    ]
+    return refit_command(committed_run(recipe, lr, warmup) / "config.yaml", root, f"lr{lr}-wf{warmup}", resume)
 
 
 def train(root: Path, reuse: list[Path], jobs: int) -> int:

@@ -280,6 +280,20 @@ class SweepTrainer:
         return code
 
 
+def refit_command(config: Path, root: Path, tag: str, resume: bool) -> list[str]:
+    """``fit`` of a committed run's own config, written under ``root`` with run tag ``tag``: a probe's way to train a
+    suite's run again. A fresh run asks for no checkpoint (a config saved by a resumed segment names the one it
+    resumed from)."""
+    return [
+        sys.executable,
+        *("-m", "resnorm_lm", "fit", "--config", str(config)),
+        f"--run.root={root}",
+        f"--run.tag={tag}",
+        "--trainer.enable_progress_bar=false",
+        "--ckpt_path=last" if resume else "--ckpt_path=null",
+    ]
+
+
 def train_probe_runs(
     runs: list[tuple[Path, Callable[[bool], list[str]]]], env: dict[str, str], jobs: int, who: str
 ) -> int:
