@@ -29,7 +29,7 @@ from resnorm_lm.analysis.block_measurements import markdown_table
 from resnorm_lm.analysis.launchers import refit_command, train_probe_runs
 from resnorm_lm.data.cache import atomic_write, write_csv_atomic
 from resnorm_lm.train.arithmetic import PORTABLE_ENV
-from resnorm_lm.train.diagnostics import ATTN_LOGIT_MAX, DIAGNOSTICS_STEP
+from resnorm_lm.train.diagnostics import ATTN_LOGIT_MAX
 from resnorm_lm.train.runs import RunDir, copy_small_files
 
 REPO = Path(__file__).resolve().parents[1]
@@ -77,13 +77,9 @@ def train(root: Path, jobs: int) -> int:
 
 
 def largest_over_blocks(run: Path) -> list[tuple[int, float, int]]:
-    """``(step measured at, largest logit, its block)`` at every logged step of ``run``. A run from before
-    ``diagnostics/step`` was logged has only Lightning's logging row, ``log_every_n_steps - 1`` after the step
-    measured (the rule has not changed since the first commit): that is taken off here."""
-    files = RunDir(run)
-    measured = any(DIAGNOSTICS_STEP in row for row in files.metrics())
-    later = 0 if measured else int(files.config()["trainer"]["log_every_n_steps"]) - 1
-    return [(step - later, max(v), v.index(max(v))) for step, v in files.per_block(ATTN_LOGIT_MAX)]
+    """``(step measured at, largest logit, its block)`` at every logged step of ``run`` (``RunDir.per_block``
+    gives runs from before ``diagnostics/step`` was logged the step measured too)."""
+    return [(step, max(v), v.index(max(v))) for step, v in RunDir(run).per_block(ATTN_LOGIT_MAX)]
 
 
 def at_step(trace: list[tuple[int, float, int]], step: float) -> tuple[int, float, int]:

@@ -232,6 +232,13 @@ def test_the_diagnostics_say_the_step_they_were_measured_at(tmp_path, smoke_corp
     assert [(r["step"], r["diagnostics/step"]) for r in rows] == [(2, 0), (5, 3)]
     assert all("grad_norm/layer_00" in r and "attn_logit_max/layer_11" in r for r in rows)
     assert [step for step, _ in run.per_block("attn_logit_max/layer_")] == [0, 3]
+    # A run from before the column was logged: the same rows, read at the steps measured all the same.
+    lines = run.metrics_path.read_text().splitlines()
+    at = lines[0].split(",").index("diagnostics/step")
+    kept = [",".join(c for i, c in enumerate(line.split(",")) if i != at) for line in lines]
+    run.metrics_path.write_text("\n".join(kept))
+    assert "diagnostics/step" not in run.metrics()[0]
+    assert [step for step, _ in run.per_block("attn_logit_max/layer_")] == [0, 3]
 
 
 def test_existing_run_is_not_overwritten_and_resume_without_run_says_so(tmp_path, smoke_corpus, capsys):

@@ -167,14 +167,24 @@ class RunDir:
     def per_block(self, prefix: str) -> list[tuple[int, list[float]]]:
         """``(step, values)`` for every logged row of a per-block metric (``GRAD_NORMS``, ``STREAM_RMS`` of
         resnorm_lm/train/diagnostics.py), block 0 first (by index: right past 99 blocks). The step is the one the
-        values were measured at (``DIAGNOSTICS_STEP``); in runs from before that was logged, the row's: Lightning's
-        logging step, ``log_every_n_steps - 1`` after the measurement (kept so, as the committed tables read them)."""
+        values were measured at (``DIAGNOSTICS_STEP``). Runs from before that was logged have only Lightning's
+        logging row, ``log_every_n_steps - 1`` after the measurement (the rule since the first commit): that is
+        taken off, so their first row is the initialization's, step 0, as in newer runs."""
+        rows = self.metrics()
+        later = 0 if any(DIAGNOSTICS_STEP in row for row in rows) else self.logging_row_delay()
         out = []
-        for row in self.metrics():
+        for row in rows:
             columns = sorted((k for k in row if k.startswith(prefix)), key=lambda k: int(k[len(prefix) :]))
             if columns:
-                out.append((int(row.get(DIAGNOSTICS_STEP, row.get("step", 0))), [row[k] for k in columns]))
+                step = row[DIAGNOSTICS_STEP] if DIAGNOSTICS_STEP in row else row.get("step", 0) - later
+                out.append((int(step), [row[k] for k in columns]))
         return out
+
+    def logging_row_delay(self) -> int:
+        """How many steps after a diagnostic's measurement Lightning's logging row comes: ``log_every_n_steps - 1``
+        of the run's config (0 without one, or where it logs every step)."""
+        every = ((self.config().get("trainer") or {}).get("log_every_n_steps")) or 1
+        return max(0, int(every) - 1)
 
     def checkpoints(self) -> list[Path]:
         return sorted(self.checkpoints_dir.glob("*.ckpt"))
