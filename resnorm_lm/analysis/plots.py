@@ -85,8 +85,11 @@ def forest_plot(rows: list[dict], series: list[tuple[str, str, str]], xlabel: st
             )
     ax.axvline(0, color="black", lw=0.8)
     ax.set_yticks(range(len(rows)), [r["recipe"] for r in reversed(rows)], fontsize=8)
+    ax.set_ylim(-0.6, len(rows) - 0.4)  # half a row's margin: the first and last rows' intervals clear of the frame
     ax.set_xlabel(xlabel)
-    return save_figure(fig, [ax], [ax], path)
+    if len(series) > 1:  # above the panel, where it covers no interval
+        ax.legend(fontsize=7, ncol=len(series), loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
+    return save_figure(fig, [ax], [], path)
 
 
 def recipe_colors(recipes) -> dict[str, tuple]:
