@@ -176,8 +176,7 @@ class RunDir:
         for row in rows:
             columns = sorted((k for k in row if k.startswith(prefix)), key=lambda k: int(k[len(prefix) :]))
             if columns:
-                step = row[DIAGNOSTICS_STEP] if DIAGNOSTICS_STEP in row else row.get("step", 0) - later
-                out.append((int(step), [row[k] for k in columns]))
+                out.append((int(row.get(DIAGNOSTICS_STEP, row.get("step", 0) - later)), [row[k] for k in columns]))
         return out
 
     def logging_row_delay(self) -> int:
