@@ -375,19 +375,25 @@ def test_the_budget_spends_the_same_runs_on_recipes_whose_picks_land_in_differen
     assert {s.seed for s in low if s.setting == a.pick} == {0, 1, 2, 3, 4, 5}  # selection seed 0, then fresh ones
 
 
-def test_the_test_split_is_wanted_once_every_fresh_seed_at_a_pick_has_finished(tmp_path, recipes):
+def test_the_test_split_is_wanted_for_each_fresh_seed_at_a_pick_as_it_finishes(tmp_path, recipes):
     design = TunedBudget(load(str(suite_file(tmp_path))))
     done = {**outcomes_for(design, "a-12l", bowl(0.002)), **outcomes_for(design, "b-12l", bowl(0.004, 0.1))}
     picks = [RunSpec("a-12l", Setting(0.002, 0.3), k) for k in range(1, 6)]
-    assert design.tested(done) == [*picks, *[RunSpec("b-12l", Setting(0.004, 0.1), k) for k in range(1, 6)]]
-    del done[picks[2]]  # a-12l's third fresh seed not finished: none of a-12l's yet, b-12l's all
-    assert [s.recipe for s in design.tested(done)] == ["b-12l"] * 5
+    b_picks = [RunSpec("b-12l", Setting(0.004, 0.1), k) for k in range(1, 6)]
+    assert design.tested(done) == [*picks, *b_picks]
+    del done[picks[2]]  # a-12l's third fresh seed not finished: its other four are wanted now, not at the end
+    assert design.tested(done) == [*picks[:2], *picks[3:], *b_picks]
     grid_only = {s: o for s, o in done.items() if s.seed == 0}
     assert design.tested(grid_only) == []  # picks made, no fresh seed finished
+    runner_up = {s: o for s, o in done.items() if s.seed == 0 or s.setting != Setting(0.002, 0.3)}
+    assert RunSpec("a-12l", Setting(0.002, 0.1), 1) in runner_up  # the runner-up's seeds: never tested
+    assert [s.recipe for s in design.tested(runner_up)] == ["b-12l"] * 5
+    unfinished_grid = {s: o for s, o in done.items() if s != RunSpec("a-12l", Setting(0.004, 0.3), 0)}
+    assert [s.recipe for s in design.tested(unfinished_grid)] == ["b-12l"] * 5  # a-12l's pick not final yet
 
 
 def test_the_runner_evaluates_the_test_split_while_it_trains(tmp_path, recipes, monkeypatch):
-    """A pick's test split is evaluated as soon as its fresh seeds have finished, before the runner ends: a GPU
+    """A pick's test split is evaluated on each fresh seed as soon as it has finished, before the runner ends: a
     machine's checkpoints go with the machine, and the table's render may not come in a stopped chunk."""
     from resnorm_lm.analysis import suite_runner
 
@@ -414,7 +420,7 @@ def test_the_runner_evaluates_the_test_split_while_it_trains(tmp_path, recipes, 
     assert suite_runner.train_suite(suite, design, str(root), jobs=1) == set()
     assert set(trained) == set(scores)
     first = next(i for i, (_, recipes_) in enumerate(tested) if recipes_)  # the first call with runs to test
-    assert tested[first][1] == ["a-12l"] * 5 and tested[first][0] < len(trained)  # before the last run trained
+    assert tested[first][1] == ["a-12l"] and tested[first][0] < len(trained)  # its first fresh seed, at once
     assert tested[-1] == (len(trained), ["a-12l"] * 5 + ["b-12l"] * 5)
 
 

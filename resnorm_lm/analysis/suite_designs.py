@@ -210,13 +210,14 @@ class TunedBudget(Design):
         return sel, wanted
 
     def tested(self, outcomes: dict[RunSpec, RunOutcome]) -> list[RunSpec]:
-        """Each recipe's fresh seeds at its pick, once every one of them has finished."""
+        """Each recipe's fresh seeds at its pick that have finished, each as soon as it has: the pick is final
+        once the grid and extensions are in, and a checkpoint kept until its recipe's last seed ends can be lost
+        with its machine. The test split chooses nothing, so nothing is decided earlier by looking at it."""
         found = []
         for recipe in self.suite.recipes:
             pick = self.select(recipe, outcomes)[0].pick
-            seeds = [RunSpec(recipe, pick, k) for k in self.seeds] if pick is not None else []
-            if seeds and all(spec in outcomes for spec in seeds):
-                found += seeds
+            if pick is not None:
+                found += [spec for k in self.seeds if (spec := RunSpec(recipe, pick, k)) in outcomes]
         return found
 
     def plan(self, outcomes: dict[RunSpec, RunOutcome]) -> list[RunSpec]:
