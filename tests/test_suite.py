@@ -424,6 +424,42 @@ def test_the_runner_evaluates_the_test_split_while_it_trains(tmp_path, recipes, 
     assert tested[-1] == (len(trained), ["a-12l"] * 5 + ["b-12l"] * 5)
 
 
+def test_the_runner_exports_each_run_as_it_finishes(tmp_path, recipes, monkeypatch):
+    """--export copies a finished run's small files while the suite still trains (a machine lost between sessions
+    takes only the runs in flight), again once its test split is in, and never a checkpoint."""
+    from resnorm_lm.analysis import suite_runner
+
+    suite = load(str(suite_file(tmp_path)))
+    design = TunedBudget(suite)
+    scores = {**outcomes_for(design, "a-12l", bowl(0.002)), **outcomes_for(design, "b-12l", bowl(0.004, 0.1))}
+    root, export = tmp_path / "runs", tmp_path / "export"
+    exported_before: list[int] = []
+
+    def fake_train(self, spec, slot):
+        exported_before.append(len(list(export.glob("*/*/eval.json"))))
+        run = Path(spec.run_dir(str(root), suite.profile))
+        (run / "checkpoints").mkdir(parents=True)
+        (run / "checkpoints" / "last.ckpt").write_bytes(b"w")
+        (run / "config.yaml").write_text(f"seed_everything: {spec.seed}\n")
+        (run / "eval.json").write_text(json.dumps({"finished": True, "val_loss": scores[spec].val_loss}))
+        return 0
+
+    def fake_evaluate(suite_, run_dirs):  # the test split lands in eval.json, as eval writes it
+        for d in run_dirs:
+            record = json.loads((Path(d) / "eval.json").read_text())
+            (Path(d) / "eval.json").write_text(json.dumps({**record, "test": {"loss": 5.0}}))
+
+    monkeypatch.setattr(suite_runner.SuiteTrainer, "train", fake_train)
+    monkeypatch.setattr(suite_runner.SuiteTrainer, "prepare_data", lambda self, specs: None)
+    monkeypatch.setattr(suite_runner, "evaluate_test", fake_evaluate)
+    assert suite_runner.train_suite(suite, design, str(root), jobs=1, export=str(export)) == set()
+    assert exported_before == list(range(len(scores)))  # every earlier run exported before the next one started
+    copies = sorted(p.relative_to(export) for p in export.rglob("*") if p.is_file())
+    assert copies == sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file() and p.suffix != ".ckpt")
+    pick_seed = RunSpec("a-12l", Setting(0.002, 0.3), 1).run_dir(str(export), suite.profile)
+    assert json.loads((Path(pick_seed) / "eval.json").read_text())["test"] == {"loss": 5.0}  # copied again
+
+
 def test_a_pick_at_the_edge_extends_the_grid_at_most_twice_and_says_so_if_still_there(tmp_path, recipes):
     design = TunedBudget(load(str(suite_file(tmp_path))))
     once = outcomes_for(design, "a-12l", bowl(0.016))  # best one point beyond the grid

@@ -65,7 +65,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--export",
         metavar="DIR",
         help="copy each finished run's small files (config, manifest, eval.json, metrics.csv; never "
-        "a checkpoint) to DIR/<recipe>/<run>/, for git; the tables render from there with "
+        "a checkpoint) to DIR/<recipe>/<run>/ as it finishes, for git; the tables render from there with "
         "--root DIR --no-train",
     )
     parser.add_argument(
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         except OtherArithmetic as err:
             print(f"resnorm-lm suite: error: {err}", file=sys.stderr)
             return 2
-    failed = set() if args.no_train else train_suite(suite, design, root, jobs, args.logger, machine)
+    failed = set() if args.no_train else train_suite(suite, design, root, jobs, args.logger, machine, args.export)
     plan, outcomes = settle(design, root, suite.profile)
     if not outcomes:
         hint = f"train them (make suite SUITE={suite.name}), or give --root where they are"

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from resnorm_lm.analysis.launchers import SweepTrainer
 from resnorm_lm.analysis.sweep import RunOutcome, RunSpec, evaluated
-from resnorm_lm.train.runs import RunDir, working_root
+from resnorm_lm.train.runs import RunDir, copy_small_files, working_root
 
 if TYPE_CHECKING:
     from resnorm_lm.analysis.suite import Suite
@@ -72,9 +72,17 @@ def settle(design: Design, root: str, profile: str) -> tuple[list[RunSpec], dict
 
 
 def train_suite(
-    suite: Suite, design: Design, root: str, jobs: int, logger: str = "csv", machine: list[str] | None = None
+    suite: Suite,
+    design: Design,
+    root: str,
+    jobs: int,
+    logger: str = "csv",
+    machine: list[str] | None = None,
+    export: str | None = None,
 ) -> set[RunSpec]:
-    """Train every run the plan wants until none is left; the runs that failed (and were not retried)."""
+    """Train every run the plan wants until none is left; the runs that failed (and were not retried). With
+    ``export``, each finished run's small files are copied there as it finishes (and again once its test split is
+    in): a suite that spans sessions loses at most its runs in flight with its machine."""
     trainer = SuiteTrainer(suite, root, jobs, logger, machine)
     failed: set[RunSpec] = set()
     running: dict[Future, RunSpec] = {}
@@ -84,6 +92,8 @@ def train_suite(
         plan, outcomes = settle(design, root, suite.profile)
         if not trainer.fits.stops:  # the test split while the checkpoints are there (a GPU machine's go with it)
             test_while_there(suite, [s.run_dir(root, suite.profile) for s in design.tested(outcomes)])
+        if export:
+            export_finished(suite, [s.run_dir(root, suite.profile) for s in outcomes], root, export)
         busy = set(running.values())
         todo = [s for s in plan if s not in outcomes and s not in busy and s not in failed]
         progress.say(outcomes, list(busy), todo)
@@ -170,6 +180,13 @@ def run_seconds(root: str, suite: Suite, outcomes: dict[RunSpec, RunOutcome]) ->
 
 def duration(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds < 90 * 60 else f"{seconds / 3600:.1f} h"
+
+
+def export_finished(suite: Suite, run_dirs: list[Path], root: str, export: str) -> None:
+    """The small files of ``run_dirs`` copied to ``export`` where they changed (``copy_small_files``)."""
+    copied = copy_small_files(run_dirs, Path(root), Path(export))
+    if copied:
+        print(f"suite {suite.name}: exported the small files of {copied} run(s) to {export}", flush=True)
 
 
 def test_while_there(suite: Suite, run_dirs: list[Path]) -> None:
