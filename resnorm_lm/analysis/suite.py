@@ -40,11 +40,10 @@ from resnorm_lm.analysis.suite_designs import (  # noqa: F401  (the designs, imp
     TunedBudget,
 )
 from resnorm_lm.analysis.suite_report import PilotReport, TunedReport, write_pilot, write_tuned
-from resnorm_lm.analysis.suite_runner import SuiteTrainer, evaluate_test, settle, train_suite
+from resnorm_lm.analysis.suite_runner import SuiteTrainer, evaluate_test, export_finished, settle, train_suite
 from resnorm_lm.analysis.sweep import unigram_reference
 from resnorm_lm.train.arithmetic import PORTABLE_ENV
 from resnorm_lm.train.recipes import RECIPES_DIR, RecipeError, available_profiles, recipe_path
-from resnorm_lm.train.runs import copy_small_files
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -178,8 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         written = write_pilot(PilotReport(suite, design, outcomes, unigram), provenance, partial, out_dir)
     print((out_dir / f"{suite.name}.md").read_text())
     if args.export:  # after the test evaluation: its numbers are in eval.json
-        copied = copy_small_files([s.run_dir(root, suite.profile) for s in outcomes], Path(root), Path(args.export))
-        print(f"suite {suite.name}: exported the small files of {copied} run(s) to {args.export}")
+        export_finished(suite, [s.run_dir(root, suite.profile) for s in outcomes], root, args.export)
     state = "PARTIAL: " + f"{len(outcomes)} of the {len(plan)} runs wanted so far" if partial else "complete"
     if failed:
         state += f"; {len(failed)} run(s) failed (see their train.log): run the same command again to retry"
